@@ -1,0 +1,92 @@
+"""Atomic training-state checkpoints and HF-format model export.
+
+Layout of a run directory's ``checkpoints/``::
+
+    step_000025/state.pt     learner (model, optimizer, scheduler), loop state, RNG states
+    latest                   text file naming the newest complete checkpoint
+
+A checkpoint is written to ``step_N.tmp`` and renamed when complete; ``latest`` is replaced
+atomically after that, so a kill at any moment leaves the previous checkpoint usable.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pc_megatron.errors import ModelFileError
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(ckpt_root: Path, step: int, state: dict, keep_last: int) -> Path:
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step_{step:06d}"
+    tmp = ckpt_root / f"step_{step:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    with open(tmp / "state.pt", "wb") as f:
+        torch.save({**state, "rng": rng_state()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    latest_tmp = ckpt_root / "latest.tmp"
+    latest_tmp.write_text(final.name)
+    os.replace(latest_tmp, ckpt_root / "latest")
+    _fsync_dir(ckpt_root)
+    complete = sorted(p for p in ckpt_root.glob("step_*") if not p.name.endswith(".tmp"))
+    for old in complete[: max(len(complete) - keep_last, 0)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_latest(ckpt_root: Path) -> dict | None:
+    latest = ckpt_root / "latest"
+    if not latest.is_file():
+        return None
+    path = ckpt_root / latest.read_text().strip() / "state.pt"
+    if not path.is_file():
+        raise ModelFileError(f"{path}: checkpoint named by {latest} is missing; the run directory was modified")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def export_hf(named_tensors: Iterable[tuple[str, torch.Tensor]], like_dir: Path, out_dir: Path) -> Path:
+    """Write an HF model folder: weights from ``named_tensors``, config and tokenizer files
+    copied from ``like_dir``. Written to a temporary folder and renamed at the end."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in Path(like_dir).iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and not f.name.endswith(".index.json"):
+            shutil.copy2(f, tmp / f.name)
+    tensors = {n: t.detach().to("cpu").contiguous() for n, t in named_tensors}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return out_dir

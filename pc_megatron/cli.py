@@ -1,0 +1,91 @@
+"""``pc-megatron``: train, config show."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+
+def _quiet() -> None:
+    # Megatron-Core warns at import that TE/Apex are absent; on CPU that is expected.
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+    warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pc_megatron.config import load_config
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.train import train
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"{run_dir}: not a run directory (no config.yaml); pass the folder a run created")
+        if args.recipe and "=" not in args.recipe:
+            raise ConfigError("--resume takes the recipe from RUN_DIR/config.yaml; pass only key=value overrides")
+        overrides = ([args.recipe] if args.recipe else []) + args.overrides
+        cfg = load_config(str(saved), overrides)
+    else:
+        recipe, overrides = args.recipe or "tiny", args.overrides
+        if "=" in recipe:  # `pc-megatron train key=value ...` with the default recipe
+            recipe, overrides = "tiny", [recipe, *overrides]
+        cfg = load_config(recipe, overrides)
+        name = cfg.name or f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(cfg.out_dir) / name
+        if (run_dir / "checkpoints").exists():
+            raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} or another name=")
+    print(f"run directory: {run_dir}", flush=True)
+    train(cfg, run_dir, resume=bool(args.resume))
+    return 0
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    from pc_megatron.config import load_config, to_yaml
+
+    recipe, overrides = args.recipe or "tiny", args.overrides
+    if "=" in recipe:
+        recipe, overrides = "tiny", [recipe, *overrides]
+    print(to_yaml(load_config(recipe, overrides)), end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet()
+    parser = argparse.ArgumentParser(prog="pc-megatron", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_train = sub.add_parser("train", help="warm-start (cached) then RL on a recipe")
+    p_train.add_argument("recipe", nargs="?", help="recipe name in configs/ or a YAML path (default: tiny)")
+    p_train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. learner.lr=1e-4")
+    p_train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p_train.set_defaults(func=_train)
+    p_cfg = sub.add_parser("config", help="config tools")
+    cfg_sub = p_cfg.add_subparsers(dest="config_command", required=True)
+    p_show = cfg_sub.add_parser("show", help="print the resolved config")
+    p_show.add_argument("recipe", nargs="?")
+    p_show.add_argument("overrides", nargs="*")
+    p_show.set_defaults(func=_config_show)
+    args = parser.parse_args(argv)
+
+    from pc_megatron.errors import UserError
+
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; resume with --resume RUN_DIR from the last checkpoint", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

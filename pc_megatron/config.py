@@ -1,0 +1,214 @@
+"""The run config: each component's dataclass composed into one, loaded from a YAML recipe plus
+``key=value`` overrides, type-checked by OmegaConf, validated by each component.
+
+An unknown key or a wrongly typed value fails before any work starts with one line naming
+the key and the closest valid keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from pc_megatron.algo.loss import LossConfig
+from pc_megatron.data.synthetic import SyntheticTaskConfig, validate_mix
+from pc_megatron.errors import ConfigError
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.model.tiny import TinyModelConfig
+from pc_megatron.rewards import RewardConfig
+from pc_megatron.rollout.base import RolloutConfig
+
+RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class ModelConfig:
+    """The initial policy."""
+
+    path: str = ""
+    """Hugging Face model folder; empty = build the embedded tiny Qwen2 policy."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class DataConfig:
+    """Prompt datasets."""
+
+    train_path: str = ""
+    """JSONL/Parquet with id, prompt, answer; empty = the embedded synthetic task."""
+    eval_path: str = ""
+    """Held-out JSONL/Parquet; required when train_path is set."""
+    synthetic: SyntheticTaskConfig = field(default_factory=SyntheticTaskConfig)
+
+
+@dataclass
+class AlgoConfig:
+    """Allocation of rollouts and the policy-gradient update."""
+
+    prompts_per_step: int = 32
+    """B: prompts (groups) per update."""
+    samples_per_prompt: int = 8
+    """n: rollouts per prompt (GRPO group size)."""
+    loss: LossConfig = field(default_factory=LossConfig)
+
+
+@dataclass
+class WarmStartConfig:
+    """SFT warm-start on the same learner before RL (cached by its inputs)."""
+
+    enabled: bool = True
+    """Run (or reuse) the warm-start; false = start RL from model.path as is."""
+    steps: int = 300
+    """SFT optimizer steps."""
+    batch_size: int = 64
+    """Examples per SFT step."""
+    lr: float = 1e-3
+    """SFT learning rate (cosine decay to 10%)."""
+    data_path: str = ""
+    """SFT rows (prompt + answer); empty = the synthetic task's SFT split."""
+    cache_dir: str = ""
+    """Where warm-starts and generated tasks are cached; empty = $PC_MEGATRON_CACHE or ~/.cache/pc-megatron."""
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation."""
+
+    every_steps: int = 10
+    """Evaluate every this many RL steps (and at the start and the end)."""
+    num_prompts: int = 0
+    """Held-out prompts used; 0 = all."""
+    samples_per_prompt: int = 1
+    """k: accuracy is the mean over k samples per prompt."""
+    temperature: float = 0.0
+    """0 = greedy (then k should be 1)."""
+    max_new_tokens: int = 0
+    """0 = rollout.max_new_tokens."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Training-state checkpoints."""
+
+    every_steps: int = 25
+    """Save every this many RL steps (and at the end); 0 = only at the end."""
+    keep_last: int = 2
+    """Checkpoints kept on disk."""
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    """Seed of everything run-specific (sampling, initialisation order)."""
+    steps: int = 100
+    """RL steps (one optimizer update each)."""
+    out_dir: str = "runs"
+    """Parent folder of run directories."""
+    name: str = ""
+    """Run directory name; empty = <recipe>-<timestamp>."""
+    threads: int = 1
+    """torch intra-op threads (1 is fastest for the tiny model on a shared 2-core machine)."""
+    progress: bool = True
+    """Show a progress bar."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
+    out = []
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        if is_dataclass(f.type) or (isinstance(f.default_factory, type) and is_dataclass(f.default_factory)):
+            out.extend(_leaf_keys(f.default_factory, key + "."))  # type: ignore[arg-type]
+        else:
+            out.append(key)
+    return out
+
+
+def _closest(key: str) -> str:
+    keys = _leaf_keys(RunConfig)
+    near = difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
+    if not near:  # try the last component alone, anywhere in the tree
+        last = key.rsplit(".", 1)[-1]
+        near = [k for k in keys if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.7)][:3]
+    return f"; did you mean {', '.join(near)}?" if near else "; see `pc-megatron config show` for valid keys"
+
+
+def _friendly(e: OmegaConfBaseException, source: str) -> ConfigError:
+    key = getattr(e, "full_key", None) or "?"
+    if isinstance(e, ConfigKeyError):
+        return ConfigError(f"{source}: unknown config key '{key}'{_closest(key)}")
+    if isinstance(e, ValidationError):
+        msg = str(e).splitlines()[0]
+        return ConfigError(f"{source}: bad value for '{key}': {msg}")
+    return ConfigError(f"{source}: {str(e).splitlines()[0]}")
+
+
+def recipe_path(recipe: str) -> Path:
+    p = Path(recipe)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return p
+    candidate = RECIPE_DIR / f"{recipe}.yaml"
+    if candidate.is_file():
+        return candidate
+    known = sorted(x.stem for x in RECIPE_DIR.glob("*.yaml"))
+    raise ConfigError(f"recipe '{recipe}' not found: pass a YAML path or one of {known}")
+
+
+def load_config(recipe: str | None = "tiny", overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """Return the resolved, validated config (an OmegaConf object typed as ``RunConfig``)."""
+    cfg = OmegaConf.structured(RunConfig)
+    if recipe:
+        path = recipe_path(recipe)
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+        except OmegaConfBaseException as e:
+            raise _friendly(e, str(path)) from None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not key=value (e.g. learner.lr=1e-4)")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as e:
+            raise _friendly(e, f"override '{item}'") from None
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Any) -> None:
+    def positive(key: str, value: float) -> None:
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0 (got {value})")
+
+    positive("steps", cfg.steps)
+    positive("threads", cfg.threads)
+    positive("algo.prompts_per_step", cfg.algo.prompts_per_step)
+    positive("algo.samples_per_prompt", cfg.algo.samples_per_prompt)
+    positive("eval.samples_per_prompt", cfg.eval.samples_per_prompt)
+    loss = cfg.algo.loss
+    if not (0 <= loss.clip_low < 1 and loss.clip_high >= 0):
+        raise ConfigError("algo.loss.clip_low must be in [0, 1) and clip_high >= 0")
+    if cfg.eval.temperature == 0 and cfg.eval.samples_per_prompt != 1:
+        raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
+    if cfg.data.train_path and not cfg.data.eval_path:
+        raise ConfigError("data.eval_path is required when data.train_path is set (held-out accuracy needs it)")
+    if not cfg.data.train_path:
+        validate_mix(dict(cfg.data.synthetic.mix))
+    OmegaConf.to_object(cfg.learner).validate()
+    OmegaConf.to_object(cfg.rollout).validate()
+
+
+def to_yaml(cfg: Any) -> str:
+    return OmegaConf.to_yaml(cfg)

@@ -1,0 +1,119 @@
+"""The embedded task: integer arithmetic with a wide spread of difficulty.
+
+Each prompt is an expression such as ``47*8=`` and its answer the integer result. Families
+range from trivially solved by a tiny model after warm-start (one-digit sums) to hopeless
+(two-by-two-digit products), like a real math set for a 1.5B model. Everything is a pure
+function of the seed; the splits are disjoint by prompt text.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pc_megatron.data.dataset import PromptRow
+
+
+def _add(rng: random.Random, lo: int, hi: int) -> tuple[str, int]:
+    a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+    return f"{a}+{b}=", a + b
+
+
+def _sub(rng: random.Random, lo: int, hi: int) -> tuple[str, int]:
+    a = rng.randint(lo, hi)
+    b = rng.randint(0, a)
+    return f"{a}-{b}=", a - b
+
+
+def _mul(rng: random.Random, a_range: tuple[int, int], b_range: tuple[int, int]) -> tuple[str, int]:
+    a, b = rng.randint(*a_range), rng.randint(*b_range)
+    return f"{a}*{b}=", a * b
+
+
+def _add3(rng: random.Random) -> tuple[str, int]:
+    a, b, c = (rng.randint(10, 99) for _ in range(3))
+    return f"{a}+{b}+{c}=", a + b + c
+
+
+FAMILIES: dict[str, Callable[[random.Random], tuple[str, int]]] = {
+    "add1": lambda r: _add(r, 0, 9),
+    "add2": lambda r: _add(r, 10, 99),
+    "add3": lambda r: _add(r, 100, 999),
+    "sub2": lambda r: _sub(r, 10, 99),
+    "sub3": lambda r: _sub(r, 100, 999),
+    "mul1": lambda r: _mul(r, (0, 9), (0, 9)),
+    "mul21": lambda r: _mul(r, (10, 99), (2, 9)),
+    "mul22": lambda r: _mul(r, (10, 99), (10, 99)),
+    "addthree": _add3,
+}
+
+
+@dataclass
+class SyntheticTaskConfig:
+    """The embedded arithmetic task (used when data.train_path is empty)."""
+
+    seed: int = 1234
+    """Seed of the task generator (independent of the run seed, so runs share one task)."""
+    num_train: int = 4000
+    """RL training prompts."""
+    num_eval: int = 500
+    """Held-out prompts (disjoint from train and SFT by prompt text)."""
+    num_sft: int = 8000
+    """Warm-start (SFT) examples, disjoint from the held-out split."""
+    mix: dict[str, float] = field(
+        default_factory=lambda: {
+            "add1": 0.5,
+            "add2": 2.0,
+            "add3": 2.0,
+            "sub2": 1.5,
+            "sub3": 1.5,
+            "mul1": 0.5,
+            "mul21": 1.5,
+            "mul22": 1.0,
+            "addthree": 1.0,
+        }
+    )
+    """Relative weight of each problem family (see FAMILIES)."""
+
+
+def validate_mix(mix: dict[str, float]) -> None:
+    from pc_megatron.errors import ConfigError
+
+    unknown = sorted(set(mix) - set(FAMILIES))
+    if unknown:
+        raise ConfigError(f"data.synthetic.mix: unknown family {unknown}; valid families: {sorted(FAMILIES)}")
+    if any(w < 0 for w in mix.values()) or sum(mix.values()) <= 0:
+        raise ConfigError("data.synthetic.mix: weights must be >= 0 and not all zero")
+
+
+def _draw(rng: random.Random, mix: dict[str, float], count: int, exclude: set[str]) -> list[PromptRow]:
+    names = [k for k, w in mix.items() if w > 0]
+    weights = [mix[k] for k in names]
+    rows: list[PromptRow] = []
+    attempts = 0
+    while len(rows) < count and attempts < 200 * count:
+        attempts += 1
+        family = rng.choices(names, weights)[0]
+        prompt, answer = FAMILIES[family](rng)
+        if prompt in exclude:
+            continue
+        exclude.add(prompt)
+        rows.append(PromptRow(id="", prompt=prompt, answer=str(answer), meta={"family": family}))
+    return rows
+
+
+def generate_splits(cfg: SyntheticTaskConfig) -> dict[str, list[PromptRow]]:
+    """Return ``{"train", "eval", "sft"}`` rows. The held-out prompts never appear elsewhere;
+    train and SFT may share prompts (as an SFT set and an RL set drawn from one corpus do)."""
+    validate_mix(cfg.mix)
+    rng = random.Random(cfg.seed)
+    taken: set[str] = set()
+    eval_rows = _draw(rng, cfg.mix, cfg.num_eval, taken)
+    train_rows = _draw(rng, cfg.mix, cfg.num_train, set(taken))
+    sft_rows = _draw(rng, cfg.mix, cfg.num_sft, set(taken))
+
+    def named(rows: list[PromptRow], split: str) -> list[PromptRow]:
+        return [PromptRow(f"{split}-{i}", r.prompt, r.answer, r.meta) for i, r in enumerate(rows)]
+
+    return {"train": named(train_rows, "train"), "eval": named(eval_rows, "eval"), "sft": named(sft_rows, "sft")}

@@ -1,0 +1,47 @@
+"""Resolve a config's datasets: user files, or the embedded synthetic task cached as JSONL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
+from pc_megatron.data.synthetic import generate_splits
+
+
+@dataclass
+class Task:
+    train: list[PromptRow]
+    eval: list[PromptRow]
+    sft: list[PromptRow]
+
+
+def cache_root(configured: str = "") -> Path:
+    root = configured or os.environ.get("PC_MEGATRON_CACHE") or str(Path.home() / ".cache" / "pc-megatron")
+    return Path(root)
+
+
+def config_hash(*parts: Any) -> str:
+    blob = json.dumps([OmegaConf.to_container(p) if OmegaConf.is_config(p) else p for p in parts], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def prepare_task(cfg: Any) -> Task:
+    """Load (and for the synthetic task, first generate and cache) train / eval / SFT rows."""
+    if cfg.data.train_path:
+        train, held_out = load_rows(cfg.data.train_path), load_rows(cfg.data.eval_path)
+        sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.data_path else []
+        return Task(train, held_out, sft)
+    syn = OmegaConf.to_object(cfg.data.synthetic)
+    folder = cache_root(cfg.warmstart.cache_dir) / "tasks" / config_hash(asdict(syn))
+    if not all((folder / f"{s}.jsonl").is_file() for s in ("train", "eval", "sft")):
+        for split, rows in generate_splits(syn).items():
+            write_jsonl(rows, folder / f"{split}.jsonl")
+    sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.data_path else load_rows(folder / "sft.jsonl")
+    return Task(load_rows(folder / "train.jsonl"), load_rows(folder / "eval.jsonl"), sft)

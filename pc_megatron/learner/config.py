@@ -1,0 +1,61 @@
+"""Learner settings: parallelism, precision, optimizer and micro-batching."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pc_megatron.errors import ConfigError
+
+
+@dataclass
+class LearnerConfig:
+    """Megatron-Core learner."""
+
+    tensor_parallel_size: int = 1
+    """Tensor-parallel degree (TP > 1 lands with the production-learner work)."""
+    pipeline_parallel_size: int = 1
+    """Pipeline-parallel degree (PP > 1 lands with the production-learner work)."""
+    transformer_impl: str = "auto"
+    """Layer spec: 'local' (Megatron-Core modules, CPU-capable), 'transformer_engine' (GPU),
+    or 'auto' (TE when CUDA and transformer_engine are available, else local)."""
+    bf16: bool = False
+    """Train in bf16 with fp32 master weights (GPU recipes); false = fp32 everywhere."""
+    lr: float = 2e-4
+    """Peak learning rate of the RL phase."""
+    min_lr: float = 0.0
+    """Final learning rate when lr_decay_style is not 'constant'."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up, in optimizer steps."""
+    lr_decay_style: str = "constant"
+    """'constant', 'linear' or 'cosine' (Megatron's OptimizerParamScheduler)."""
+    lr_decay_steps: int = 1000
+    """Optimizer steps over which lr decays to min_lr."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+    adam_beta2: float = 0.999
+    """Adam beta2."""
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward; gradients accumulate over micro-batches."""
+
+    def validate(self) -> None:
+        if self.tensor_parallel_size != 1 or self.pipeline_parallel_size != 1:
+            raise ConfigError(
+                "learner.tensor_parallel_size / pipeline_parallel_size > 1 are not supported yet; "
+                "set both to 1"
+            )
+        if self.transformer_impl not in ("auto", "local", "transformer_engine"):
+            raise ConfigError(
+                f"learner.transformer_impl: '{self.transformer_impl}' is not one of auto, local, transformer_engine"
+            )
+        if self.lr_decay_style not in ("constant", "linear", "cosine"):
+            raise ConfigError(f"learner.lr_decay_style: '{self.lr_decay_style}' is not one of constant, linear, cosine")
+        if self.micro_batch_size < 1:
+            raise ConfigError("learner.micro_batch_size must be >= 1")
+        if self.lr <= 0:
+            raise ConfigError("learner.lr must be > 0")

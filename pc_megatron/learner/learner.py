@@ -1,0 +1,259 @@
+"""The learner: one Megatron-Core model and optimizer serving SFT (cross-entropy) and RL.
+
+Batches arrive as right-padded token matrices. Position ``t`` of every per-token tensor
+refers to predicting ``tokens[:, t + 1]`` from ``tokens[:, : t + 1]``, hence the ``S - 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pc_megatron.algo.loss import LossConfig, policy_loss, token_mean
+from pc_megatron.errors import ModelFileError, TrainingError
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.model import build_gpt_model
+from pc_megatron.learner.parallel import init_parallel
+from pc_megatron.model.arch import ArchSpec, load_arch
+from pc_megatron.weight_sync.mapping import hf_to_megatron, megatron_to_hf
+
+
+@dataclass
+class TokenBatch:
+    """``tokens: (N, S) int64`` right-padded; ``loss_mask: (N, S-1) float32`` (1 = trained)."""
+
+    tokens: torch.Tensor
+    loss_mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def rows(self, idx: slice | torch.Tensor) -> TokenBatch:
+        return TokenBatch(self.tokens[idx], self.loss_mask[idx])
+
+
+def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelFileError(f"{model_dir}: no *.safetensors weights found; export the model in safetensors format")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            out.update(load_file(f))
+        except (SafetensorError, OSError) as e:
+            raise ModelFileError(f"{f}: unreadable safetensors file ({e}); re-export or re-download it") from None
+    return out
+
+
+class Learner:
+    def __init__(self, model_dir: str | Path, cfg: LearnerConfig, seed: int) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        from pc_megatron.compat import megatron_cpu
+
+        cfg.validate()
+        self.cfg = cfg
+        self.parallel = init_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
+        self.arch: ArchSpec = load_arch(model_dir)
+        megatron_cpu.seed_model_parallel(seed)
+        module = build_gpt_model(self.arch, cfg.transformer_impl, cfg.bf16)
+        self.device = next(module.parameters()).device
+        self._load_hf(module, load_hf_weights(model_dir), str(model_dir))
+        self.model = DistributedDataParallel(
+            module.config,
+            DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
+            module,
+        )
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=cfg.lr,
+                min_lr=cfg.min_lr,
+                weight_decay=cfg.weight_decay,
+                adam_beta1=cfg.adam_beta1,
+                adam_beta2=cfg.adam_beta2,
+                adam_eps=cfg.adam_eps,
+                clip_grad=cfg.clip_grad,
+                bf16=cfg.bf16,
+                params_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
+            ),
+            [self.model],
+        )
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0 if cfg.lr_warmup_steps else cfg.lr,
+            max_lr=cfg.lr,
+            min_lr=cfg.min_lr,
+            lr_warmup_steps=cfg.lr_warmup_steps,
+            lr_decay_steps=max(cfg.lr_decay_steps, cfg.lr_warmup_steps + 1),
+            lr_decay_style=cfg.lr_decay_style,
+            start_wd=cfg.weight_decay,
+            end_wd=cfg.weight_decay,
+            wd_incr_steps=1,
+            wd_incr_style="constant",
+        )
+        self.version = 0  # policy version: number of optimizer steps taken
+        self._masks: dict[int, torch.Tensor] = {}
+
+    # ----------------------------------------------------------------- weights
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.model.module
+
+    def _load_hf(self, module: torch.nn.Module, hf: dict[str, torch.Tensor], source: str) -> None:
+        names = [n for n, _ in module.named_parameters()]
+        try:
+            mapped = hf_to_megatron(hf, self.arch, names)
+        except KeyError as e:
+            raise ModelFileError(f"{source}: {e.args[0]}; the weights do not match config.json") from None
+        params = dict(module.named_parameters())
+        with torch.no_grad():
+            for name, tensor in mapped.items():
+                if tuple(tensor.shape) != tuple(params[name].shape):
+                    raise ModelFileError(
+                        f"{source}: {name} has shape {tuple(tensor.shape)}, the model built from config.json "
+                        f"expects {tuple(params[name].shape)}; the weights are from a different model"
+                    )
+                params[name].copy_(tensor)
+
+    def hf_named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Current weights under HF names and layouts (for weight sync and export)."""
+        params = {n: p.detach() for n, p in self.module.named_parameters()}
+        yield from megatron_to_hf(params, self.arch)
+
+    # ----------------------------------------------------------------- forward
+    def _causal_mask(self, s: int) -> torch.Tensor:
+        if s not in self._masks:
+            self._masks[s] = torch.triu(torch.ones(s, s, dtype=torch.bool, device=self.device), 1)[None, None]
+        return self._masks[s]
+
+    def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        b, s = tokens.shape
+        pos = torch.arange(s, device=self.device).unsqueeze(0).expand(b, -1)
+        return self.model(tokens, pos, self._causal_mask(s)).float()
+
+    @staticmethod
+    def _token_logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
+        """``(log p(tokens[:, t+1]), entropy)`` each ``(N, S-1)`` at the sampling temperature."""
+        logits = logits[:, :-1] / temperature
+        logz = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, tokens[:, 1:, None]).squeeze(-1) - logz
+        probs = torch.softmax(logits, dim=-1)
+        entropy = logz - (probs * logits).sum(-1)
+        return logp, entropy
+
+    @torch.no_grad()
+    def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
+        """``(N, S-1) float32`` log-probs of each next token under the current policy."""
+        self.model.eval()
+        out = []
+        for start in range(0, len(batch), self.cfg.micro_batch_size):
+            mb = batch.rows(slice(start, start + self.cfg.micro_batch_size))
+            logp, _ = self._token_logp(self._logits(mb.tokens.to(self.device)), mb.tokens.to(self.device), temperature)
+            out.append(logp.cpu())
+        return torch.cat(out)
+
+    # ----------------------------------------------------------------- updates
+    def _step(self, micro_losses: Iterator[torch.Tensor]) -> dict[str, float]:
+        """Accumulate gradients over micro-batches, then one optimizer step."""
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        total = 0.0
+        for loss in micro_losses:
+            if not torch.isfinite(loss):
+                raise TrainingError(
+                    f"non-finite loss ({loss.item()}) at policy version {self.version}; nothing was applied "
+                    "and the last checkpoint is intact: lower the learning rate or check the rewards"
+                )
+            loss.backward()
+            total += loss.item()
+        self.model.finish_grad_sync()
+        ok, grad_norm, _ = self.optimizer.step()
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            raise TrainingError(f"non-finite gradient norm at policy version {self.version}; lower the learning rate")
+        self.scheduler.step(1)
+        self.version += 1
+        return {"loss": total, "grad_norm": float(grad_norm or 0.0), "lr": self.optimizer.param_groups[0]["lr"]}
+
+    def train_sft(self, batch: TokenBatch) -> dict[str, float]:
+        """One optimizer step of token-mean cross-entropy on the masked tokens."""
+        n_tok = float(batch.loss_mask.sum())
+
+        def losses():
+            for start in range(0, len(batch), self.cfg.micro_batch_size):
+                mb = batch.rows(slice(start, start + self.cfg.micro_batch_size))
+                tokens = mb.tokens.to(self.device)
+                logp, _ = self._token_logp(self._logits(tokens), tokens, 1.0)
+                yield token_mean(-logp, mb.loss_mask.to(self.device), n_tok)
+
+        return self._step(losses())
+
+    def train_rl(
+        self,
+        batch: TokenBatch,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_cfg: LossConfig,
+        temperature: float,
+        ref_logp: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step of the clipped surrogate over ``batch`` (token-mean over all of it).
+
+        ``old_logp: (N, S-1)``, ``advantages: (N,)`` broadcast over each sequence's tokens.
+        """
+        mask_all = batch.loss_mask
+        n_tok = float(mask_all.sum())
+        sums = {"clipfrac": 0.0, "entropy": 0.0, "kl": 0.0}
+
+        def losses():
+            for start in range(0, len(batch), self.cfg.micro_batch_size):
+                sl = slice(start, start + self.cfg.micro_batch_size)
+                tokens = batch.tokens[sl].to(self.device)
+                mask = mask_all[sl].to(self.device)
+                logp, entropy = self._token_logp(self._logits(tokens), tokens, temperature)
+                ref = ref_logp[sl].to(self.device) if ref_logp is not None else None
+                loss, stats = policy_loss(
+                    logp, old_logp[sl].to(self.device), advantages[sl, None].to(self.device), loss_cfg, ref, entropy
+                )
+                sums["clipfrac"] += float((stats["clipped"] * mask).sum())
+                sums["entropy"] += float((entropy.detach() * mask).sum())
+                if "kl" in stats:
+                    sums["kl"] += float((stats["kl"] * mask).sum())
+                yield token_mean(loss, mask, n_tok)
+
+        out = self._step(losses())
+        out.update({k: v / max(n_tok, 1.0) for k, v in sums.items()})
+        return out
+
+    # ----------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        return {
+            "model": {n: p.detach().clone() for n, p in self.module.named_parameters()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+            "arch": self.arch.__dict__,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["arch"] != self.arch.__dict__:
+            diff = {k: (v, self.arch.__dict__.get(k)) for k, v in state["arch"].items() if self.arch.__dict__.get(k) != v}
+            raise ModelFileError(f"checkpoint is from a different model (checkpoint vs this run: {diff})")
+        params = dict(self.module.named_parameters())
+        with torch.no_grad():
+            for name, t in state["model"].items():
+                params[name].copy_(t)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = state["version"]

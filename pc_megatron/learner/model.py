@@ -1,0 +1,70 @@
+"""Build a Megatron-Core ``GPTModel`` from an HF architecture spec."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from pc_megatron.model.arch import ArchSpec
+
+
+def resolve_transformer_impl(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    te = importlib.util.find_spec("transformer_engine") is not None
+    return "transformer_engine" if torch.cuda.is_available() and te else "local"
+
+
+def transformer_config(arch: ArchSpec, bf16: bool):
+    from megatron.core.transformer import TransformerConfig
+
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        bf16=bf16,
+        use_cpu_initialization=not on_gpu,
+        # The fused kernels below are CUDA-only; on GPU TE provides its own fusions.
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+    )
+
+
+def build_gpt_model(arch: ArchSpec, transformer_impl: str, bf16: bool):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    impl = resolve_transformer_impl(transformer_impl)
+    if impl == "transformer_engine":
+        layer_spec = specs.get_gpt_layer_with_transformer_engine_spec()
+    else:
+        layer_spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    model = GPTModel(
+        config=transformer_config(arch, bf16),
+        transformer_layer_spec=layer_spec,
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta),
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+    )
+    if torch.cuda.is_available():
+        model = model.cuda()
+    return model

@@ -1,0 +1,58 @@
+"""Process groups, built once and passed explicitly (no hidden global state in our code)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class ParallelState:
+    world_size: int
+    rank: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int
+    backend: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> ParallelState:
+    """Initialise torch.distributed (NCCL on GPU, gloo on CPU) and Megatron's model-parallel
+    groups. A launcher (torchrun, Ray) provides RANK/WORLD_SIZE; alone, we are a world of one.
+    Idempotent: a second call returns the existing state."""
+    from megatron.core import parallel_state as ps
+
+    from pc_megatron.compat import megatron_cpu
+
+    megatron_cpu.apply()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not dist.is_initialized():
+        if "WORLD_SIZE" not in os.environ:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            dist.init_process_group(backend, rank=0, world_size=1)
+        else:
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            dist.init_process_group(backend)
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_parallel_size, pipeline_parallel_size)
+    world = dist.get_world_size()
+    return ParallelState(
+        world_size=world,
+        rank=dist.get_rank(),
+        tensor_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        pipeline_parallel_size=ps.get_pipeline_model_parallel_world_size(),
+        data_parallel_size=ps.get_data_parallel_world_size(),
+        backend=backend,
+    )

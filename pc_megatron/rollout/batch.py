@@ -1,0 +1,37 @@
+"""Turn completions into the learner's right-padded token batch, and measure what came back."""
+
+from __future__ import annotations
+
+import torch
+
+from pc_megatron.learner.learner import TokenBatch
+from pc_megatron.rollout.base import Completion
+
+
+def completions_to_batch(
+    prompts: list[list[int]], completions: list[Completion], pad_id: int
+) -> tuple[TokenBatch, torch.Tensor]:
+    """Return the batch (``loss_mask`` on the generated tokens) and the engine's sampling
+    log-probs aligned with it, ``(N, S-1) float32`` (0 where the mask is 0)."""
+    seqs = [prompts[c.prompt_index] + c.token_ids for c in completions]
+    width = max(map(len, seqs))
+    tokens = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width - 1))
+    engine_logp = torch.zeros((len(seqs), width - 1))
+    for i, (seq, c) in enumerate(zip(seqs, completions, strict=True)):
+        start = len(prompts[c.prompt_index]) - 1
+        tokens[i, : len(seq)] = torch.tensor(seq)
+        mask[i, start : start + len(c.token_ids)] = 1.0
+        engine_logp[i, start : start + len(c.token_ids)] = torch.tensor(c.logprobs)
+    return TokenBatch(tokens, mask), engine_logp
+
+
+def group_stats(correct: torch.Tensor, rewards: torch.Tensor, group_size: int) -> dict[str, float]:
+    """``correct, rewards: (G * group_size,)`` prompt-major → degenerate-group fractions and spread."""
+    c = correct.float().view(-1, group_size)
+    r = rewards.float().view(-1, group_size)
+    return {
+        "frac_all_correct": float((c.min(1).values == 1).float().mean()),
+        "frac_all_wrong": float((c.max(1).values == 0).float().mean()),
+        "mean_group_std": float(r.std(1, unbiased=False).mean()),
+    }

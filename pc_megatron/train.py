@@ -1,0 +1,199 @@
+"""GRPO training loop (uniform allocation: B prompts x n rollouts per step).
+
+Per step: sample B prompts → the engine generates n completions each → verify rewards →
+the learner recomputes old log-probs (and we log their mismatch with the engine's sampling
+log-probs: with correct weight sync this is float noise) → group advantages → one clipped
+surrogate update → the new weights go to the engine. Held-out accuracy every
+``eval.every_steps``; a checkpoint every ``checkpoint.every_steps``.
+
+Departures from the textbook: old log-probs come from the learner, not the engine (standard in
+verl/slime); one optimizer step per batch of rollouts, so the ratio is 1 at the start of the
+update and the clip matters only with several mini-batches.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from pc_megatron.algo.advantages import group_advantages
+from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
+from pc_megatron.data.sampler import PromptSampler
+from pc_megatron.data.task import prepare_task
+from pc_megatron.evaluate import evaluate
+from pc_megatron.learner import Learner
+from pc_megatron.model.tiny import load_tokenizer
+from pc_megatron.observability import MetricsLog, eval_curve, format_table, plot_accuracy, read_metrics
+from pc_megatron.rewards import build_reward, score_all
+from pc_megatron.rollout import build_engine
+from pc_megatron.rollout.batch import completions_to_batch, group_stats
+from pc_megatron.warmstart import ensure_warm_start
+
+
+def _seed(cfg: Any, step: int, stream: int) -> int:
+    return (cfg.seed * 1_000_003 + step) * 16 + stream
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Span:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.times[f"time_{name}_s"] = timer.times.get(f"time_{name}_s", 0.0) + time.perf_counter() - self.t0
+
+        return _Span()
+
+
+def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
+    t_start = time.time()
+    torch.set_num_threads(cfg.threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+
+    task = prepare_task(cfg)
+    policy_dir = ensure_warm_start(cfg, task, progress=cfg.progress)
+    tokenizer = load_tokenizer(policy_dir)
+    reward = build_reward(cfg.reward)
+    learner = Learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed)
+    engine = build_engine(OmegaConf.to_object(cfg.rollout), policy_dir)
+    sampler = PromptSampler(len(task.train), seed=cfg.seed)
+    B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
+    sampling = OmegaConf.to_object(cfg.rollout).sampling()
+    loss_cfg = OmegaConf.to_object(cfg.algo.loss)
+    ref_logp_needed = loss_cfg.kl_coef > 0
+    ref_learner = Learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed) if ref_logp_needed else None
+
+    loop = {"step": 0, "cum_rollouts": 0, "cum_generated_tokens": 0, "evals": [], "wall_s": 0.0}
+    state = load_latest(run_dir / "checkpoints") if resume else None
+    if state is not None:
+        learner.load_state_dict(state["learner"])
+        sampler.load_state_dict(state["sampler"])
+        loop = state["loop"]
+        set_rng_state(state["rng"])
+    wall_at_start = loop["wall_s"]
+    metrics = MetricsLog(run_dir, resume_step=loop["step"] if state is not None else None)
+    engine.update_weights(learner.hf_named_tensors())
+
+    def run_eval(step: int) -> dict:
+        acc, per_family = evaluate(
+            engine, tokenizer, task.eval, cfg.eval, reward, cfg.rollout.max_new_tokens, _seed(cfg, step, 1)
+        )
+        loop["evals"].append((step, loop["cum_rollouts"], acc))
+        return {"eval_accuracy": acc, **{f"eval_accuracy/{k}": v for k, v in per_family.items()}}
+
+    def checkpoint(step: int) -> None:
+        loop["step"] = step
+        loop["wall_s"] = wall_at_start + time.time() - t_start
+        state = {"learner": learner.state_dict(), "sampler": sampler.state_dict(), "loop": loop}
+        save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last)
+
+    if state is None:
+        t0 = time.perf_counter()
+        row = {"step": 0, "cum_rollouts": 0, "cum_generated_tokens": 0, **run_eval(0)}
+        metrics.write({**row, "time_eval_s": time.perf_counter() - t0})
+
+    bar = tqdm(
+        range(loop["step"] + 1, cfg.steps + 1), desc="GRPO", initial=loop["step"], total=cfg.steps,
+        disable=not cfg.progress, dynamic_ncols=True,
+    )
+    for step in bar:
+        timer, t_step = Timer(), time.perf_counter()
+        rows = [task.train[i] for i in sampler.next_batch(B)]
+        prompts = [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in rows]
+
+        with timer("rollout"):
+            completions = engine.generate(prompts, n, sampling, _seed(cfg, step, 0))
+        with timer("reward"):
+            texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+            owners = [rows[c.prompt_index] for c in completions]
+            results = score_all(reward, texts, [r.answer for r in owners], [r.id for r in owners])
+            rewards = torch.tensor([r.score for r in results])
+            correct = torch.tensor([r.correct for r in results])
+        with timer("logprob"):
+            batch, engine_logp = completions_to_batch(prompts, completions, tokenizer.pad_token_id)
+            old_logp = learner.logprobs(batch, sampling.temperature)
+            ref_logp = ref_learner.logprobs(batch, sampling.temperature) if ref_learner else None
+        mismatch = (old_logp - engine_logp).abs() * batch.loss_mask
+        with timer("train"):
+            adv = group_advantages(rewards, torch.arange(B).repeat_interleave(n), loss_cfg.normalize_adv_by_std)
+            stats = learner.train_rl(batch, old_logp, adv, loss_cfg, sampling.temperature, ref_logp)
+        with timer("sync"):
+            engine.update_weights(learner.hf_named_tensors())
+
+        n_tokens = int(batch.loss_mask.sum())
+        loop["cum_rollouts"] += len(completions)
+        loop["cum_generated_tokens"] += n_tokens
+        row = {
+            "step": step,
+            "policy_version": learner.version,
+            "cum_rollouts": loop["cum_rollouts"],
+            "cum_generated_tokens": loop["cum_generated_tokens"],
+            "reward_mean": float(rewards.mean()),
+            "accuracy": float(correct.float().mean()),
+            **group_stats(correct, rewards, n),
+            "response_len_mean": n_tokens / len(completions),
+            "frac_truncated": sum(c.finish_reason == "length" for c in completions) / len(completions),
+            "logprob_mismatch": float(mismatch.sum() / max(n_tokens, 1)),
+            "logprob_mismatch_max": float(mismatch.max()),
+            **stats,
+        }
+        if step % cfg.eval.every_steps == 0 or step == cfg.steps:
+            with timer("eval"):
+                row.update(run_eval(step))
+        row.update(timer.times)
+        row["time_step_s"] = time.perf_counter() - t_step
+        metrics.write(row)
+        bar.set_postfix(reward=f"{row['reward_mean']:.2f}", acc=f"{loop['evals'][-1][2]:.3f}")
+        if (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or step == cfg.steps:
+            checkpoint(step)
+    bar.close()
+    metrics.close()
+    return finish(cfg, run_dir, loop, wall_at_start + time.time() - t_start)
+
+
+def finish(cfg: Any, run_dir: Path, loop: dict, wall_s: float) -> dict:
+    rows = read_metrics(run_dir)
+    evals = [r for r in rows if "eval_accuracy" in r]
+    steps = [r for r in rows if "time_step_s" in r]
+    phases = sorted({k for r in steps for k in r if k.startswith("time_") and k != "time_step_s"})
+    summary = {
+        "steps": cfg.steps,
+        "initial_eval_accuracy": evals[0]["eval_accuracy"],
+        "final_eval_accuracy": evals[-1]["eval_accuracy"],
+        "best_eval_accuracy": max(r["eval_accuracy"] for r in evals),
+        "cum_rollouts": loop["cum_rollouts"],
+        "cum_generated_tokens": loop["cum_generated_tokens"],
+        "max_logprob_mismatch": max((r["logprob_mismatch_max"] for r in steps), default=0.0),
+        "mean_step_s": sum(r["time_step_s"] for r in steps) / max(len(steps), 1),
+        "phase_s": {p: sum(r.get(p, 0.0) for r in steps) for p in phases},
+        "wall_s": wall_s,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_accuracy({"GRPO": eval_curve(rows)}, run_dir / "eval_accuracy.png")
+    table = [
+        ("run directory", str(run_dir)),
+        ("steps", str(cfg.steps)),
+        ("held-out accuracy", f"{summary['initial_eval_accuracy']:.3f} -> {summary['final_eval_accuracy']:.3f} "
+         f"(best {summary['best_eval_accuracy']:.3f})"),
+        ("cumulative rollouts", f"{summary['cum_rollouts']:,}"),
+        ("generated tokens", f"{summary['cum_generated_tokens']:,}"),
+        ("max log-prob mismatch", f"{summary['max_logprob_mismatch']:.2e}"),
+        ("mean step time", f"{summary['mean_step_s']:.3f} s"),
+        *((p[5:-2], f"{v:.1f} s") for p, v in summary["phase_s"].items()),
+        ("wall time", f"{wall_s:.1f} s"),
+    ]
+    print(format_table(table))
+    return summary

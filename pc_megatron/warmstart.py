@@ -1,0 +1,92 @@
+"""SFT warm-start: cross-entropy on (prompt, answer) pairs with the same Megatron learner that
+RL uses, exported as an HF folder and cached by everything that determines it."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from pc_megatron.checkpoint import export_hf
+from pc_megatron.data.dataset import PromptRow
+from pc_megatron.data.sampler import PromptSampler
+from pc_megatron.data.task import Task, cache_root, config_hash
+from pc_megatron.errors import ConfigError
+from pc_megatron.learner import Learner, TokenBatch
+from pc_megatron.model.tiny import create_tiny_model, load_tokenizer
+
+WARMSTART_FORMAT = 1  # bump when the SFT procedure changes, to invalidate caches
+
+
+def sft_batch(tokenizer, rows: list[PromptRow]) -> TokenBatch:
+    """``prompt + answer + EOS``, loss on the answer and EOS only."""
+    seqs, starts = [], []
+    for r in rows:
+        p = tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
+        a = tokenizer(r.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append(p + a)
+        starts.append(len(p))
+    width = max(map(len, seqs))
+    tokens = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width - 1))
+    for i, (s, start) in enumerate(zip(seqs, starts, strict=True)):
+        tokens[i, : len(s)] = torch.tensor(s)
+        mask[i, start - 1 : len(s) - 1] = 1.0
+    return TokenBatch(tokens, mask)
+
+
+def base_model_dir(cfg: Any) -> Path:
+    """model.path, or the embedded tiny model (created and cached on first use)."""
+    if cfg.model.path:
+        return Path(cfg.model.path)
+    base = cache_root(cfg.warmstart.cache_dir) / "init" / config_hash(cfg.model.tiny)
+    if not (base / "model.safetensors").is_file():
+        create_tiny_model(OmegaConf.to_object(cfg.model.tiny), base)
+    return base
+
+
+def initial_policy_dir(cfg: Any) -> Path:
+    """The HF folder RL starts from: the base model, or its (cached) warm-start."""
+    base = base_model_dir(cfg)
+    if not cfg.warmstart.enabled:
+        return base
+    ws = {k: v for k, v in OmegaConf.to_container(cfg.warmstart).items() if k != "cache_dir"}
+    key = config_hash(WARMSTART_FORMAT, str(base.resolve()), ws, cfg.data.synthetic, cfg.learner.micro_batch_size)
+    return cache_root(cfg.warmstart.cache_dir) / "warmstart" / key
+
+
+def ensure_warm_start(cfg: Any, task: Task, progress: bool = True) -> Path:
+    out = initial_policy_dir(cfg)
+    if (out / "model.safetensors").is_file() or not cfg.warmstart.enabled:
+        return out
+    if not task.sft:
+        raise ConfigError("warmstart.enabled needs SFT rows: set warmstart.data_path or disable the warm-start")
+    base = base_model_dir(cfg)
+    ws = cfg.warmstart
+    learner_cfg = replace(
+        OmegaConf.to_object(cfg.learner),
+        lr=ws.lr,
+        min_lr=ws.lr * 0.1,
+        lr_warmup_steps=min(20, ws.steps // 10),
+        lr_decay_style="cosine",
+        lr_decay_steps=ws.steps,
+    )
+    learner = Learner(base, learner_cfg, seed=0)
+    tokenizer = load_tokenizer(base)
+    sampler = PromptSampler(len(task.sft), seed=0)
+    t0, losses = time.time(), []
+    bar = tqdm(range(ws.steps), desc="warm-start (SFT)", disable=not progress, dynamic_ncols=True)
+    for _ in bar:
+        rows = [task.sft[i] for i in sampler.next_batch(ws.batch_size)]
+        losses.append(learner.train_sft(sft_batch(tokenizer, rows))["loss"])
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    export_hf(learner.hf_named_tensors(), base, out)
+    info = {"steps": ws.steps, "final_loss": sum(losses[-20:]) / len(losses[-20:]), "wall_s": time.time() - t0}
+    (out / "warmstart.json").write_text(json.dumps(info, indent=2))
+    return out
