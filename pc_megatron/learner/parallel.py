@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -20,12 +19,6 @@ class ParallelState:
     backend: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> ParallelState:
     """Initialise torch.distributed (NCCL on GPU, gloo on CPU) and Megatron's model-parallel
     groups. A launcher (torchrun, Ray) provides RANK/WORLD_SIZE; alone, we are a world of one.
@@ -38,9 +31,8 @@ def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not dist.is_initialized():
         if "WORLD_SIZE" not in os.environ:
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            dist.init_process_group(backend, rank=0, world_size=1)
+            # A world of one rendezvouses in-process: no port to collide with child processes.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         else:
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -1,0 +1,39 @@
+"""Shared fixtures. Every test here runs on CPU; GPU tests carry the ``gpu`` marker and skip."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """One cache for the session, so the tiny model and task are built once."""
+    path = tmp_path_factory.mktemp("pcm-cache")
+    os.environ["PC_MEGATRON_CACHE"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from pc_megatron.model.tiny import TinyModelConfig, create_tiny_model
+
+    return create_tiny_model(TinyModelConfig(num_layers=2), tmp_path_factory.mktemp("tiny") / "model")

@@ -1,0 +1,55 @@
+"""Config loading: recipes, overrides, and one-line errors for bad keys and values."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pc_megatron.config import load_config
+from pc_megatron.errors import ConfigError
+
+
+def test_recipes_load_and_overrides_apply():
+    cfg = load_config("tiny", ["learner.lr=1e-4", "algo.samples_per_prompt=4"])
+    assert cfg.learner.lr == 1e-4 and cfg.algo.samples_per_prompt == 4
+    assert load_config("qwen2.5-1.5b-h200").learner.bf16 is True
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("learner.lrr=1", "unknown config key 'learner.lrr'; did you mean learner.lr"),
+        ("samples_per_prompt=4", "algo.samples_per_prompt"),
+        ("learner.lr=fast", "bad value for 'learner.lr'"),
+        ("algo.prompts_per_step=0", "algo.prompts_per_step must be > 0"),
+        ("rollout.backend=sglang", "rollout.backend: 'sglang' is not available"),
+        ("data.synthetic.mix.div9=1", "unknown family ['div9']"),
+        ("learner.tensor_parallel_size=2", "not supported yet"),
+    ],
+)
+def test_bad_config_fails_naming_the_key(override, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config("tiny", [override])
+    assert expected in str(e.value)
+
+
+def test_unknown_recipe_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="recipe 'nope' not found.*tiny"):
+        load_config("nope")
+
+
+def test_cli_prints_one_error_line_without_traceback():
+    out = subprocess.run(
+        [sys.executable, "-m", "pc_megatron.cli", "train", "learner.lrr=1"], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert lines == ["error: override 'learner.lrr=1': unknown config key 'learner.lrr'; did you mean "
+                     "learner.lr, learner.min_lr, learner.clip_grad?"]
+
+
+def test_config_show_prints_resolved_yaml():
+    out = subprocess.run(
+        [sys.executable, "-m", "pc_megatron.cli", "config", "show", "tiny", "seed=7"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "seed: 7" in out.stdout and "prompts_per_step: 32" in out.stdout
