@@ -19,6 +19,7 @@ from pc_megatron.data.sampler import PromptSampler
 from pc_megatron.data.task import Task, cache_root, config_hash
 from pc_megatron.errors import ConfigError
 from pc_megatron.learner import Learner, TokenBatch
+from pc_megatron.model.arch import load_arch
 from pc_megatron.model.tiny import create_tiny_model, load_tokenizer
 
 WARMSTART_FORMAT = 1  # bump when the SFT procedure changes, to invalidate caches
@@ -44,6 +45,7 @@ def sft_batch(tokenizer, rows: list[PromptRow]) -> TokenBatch:
 def base_model_dir(cfg: Any) -> Path:
     """model.path, or the embedded tiny model (created and cached on first use)."""
     if cfg.model.path:
+        load_arch(cfg.model.path)  # fails early, naming the file, if this is not a usable HF folder
         return Path(cfg.model.path)
     base = cache_root(cfg.warmstart.cache_dir) / "init" / config_hash(cfg.model.tiny)
     if not (base / "model.safetensors").is_file():
