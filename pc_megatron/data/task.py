@@ -36,12 +36,14 @@ def prepare_task(cfg: Any) -> Task:
     """Load (and for the synthetic task, first generate and cache) train / eval / SFT rows."""
     if cfg.data.train_path:
         train, held_out = load_rows(cfg.data.train_path), load_rows(cfg.data.eval_path)
-        sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.data_path else []
+        sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.enabled and cfg.warmstart.data_path else []
         return Task(train, held_out, sft)
     syn = OmegaConf.to_object(cfg.data.synthetic)
     folder = cache_root(cfg.warmstart.cache_dir) / "tasks" / config_hash(asdict(syn))
     if not all((folder / f"{s}.jsonl").is_file() for s in ("train", "eval", "sft")):
         for split, rows in generate_splits(syn).items():
             write_jsonl(rows, folder / f"{split}.jsonl")
-    sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.data_path else load_rows(folder / "sft.jsonl")
+    sft = []
+    if cfg.warmstart.enabled:
+        sft = load_rows(cfg.warmstart.data_path or folder / "sft.jsonl")
     return Task(load_rows(folder / "train.jsonl"), load_rows(folder / "eval.jsonl"), sft)
