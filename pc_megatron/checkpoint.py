@@ -79,7 +79,7 @@ def export_hf(named_tensors: Iterable[tuple[str, torch.Tensor]], like_dir: Path,
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    tmp = out_dir.with_name(f"{out_dir.name}.{os.getpid()}.tmp")  # concurrent writers do not collide
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in Path(like_dir).iterdir():

@@ -35,9 +35,7 @@ def _train(args: argparse.Namespace) -> int:
         overrides = ([args.recipe] if args.recipe else []) + args.overrides
         cfg = load_config(str(saved), overrides)
     else:
-        recipe, overrides = args.recipe or "tiny", args.overrides
-        if "=" in recipe:  # `pc-megatron train key=value ...` with the default recipe
-            recipe, overrides = "tiny", [recipe, *overrides]
+        recipe, overrides = _recipe_and_overrides(args)
         cfg = load_config(recipe, overrides)
         name = cfg.name or f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.out_dir) / name
@@ -48,13 +46,37 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warmstart(args: argparse.Namespace) -> int:
+    import shutil
+
+    import torch
+
+    from pc_megatron.config import load_config
+    from pc_megatron.data.task import prepare_task
+    from pc_megatron.warmstart import SHIPPED, ensure_warm_start
+
+    cfg = load_config(*_recipe_and_overrides(args))
+    torch.set_num_threads(cfg.threads)
+    path = ensure_warm_start(cfg, prepare_task(cfg), progress=cfg.progress)
+    if args.ship and path.parent != SHIPPED:
+        dest = SHIPPED / path.name
+        shutil.copytree(path, dest, dirs_exist_ok=True)
+        path = dest
+    print(path)
+    return 0
+
+
+def _recipe_and_overrides(args: argparse.Namespace) -> tuple[str, list[str]]:
+    recipe, overrides = args.recipe or "tiny", list(args.overrides)
+    if "=" in recipe:  # `pc-megatron CMD key=value ...` with the default recipe
+        recipe, overrides = "tiny", [recipe, *overrides]
+    return recipe, overrides
+
+
 def _config_show(args: argparse.Namespace) -> int:
     from pc_megatron.config import load_config, to_yaml
 
-    recipe, overrides = args.recipe or "tiny", args.overrides
-    if "=" in recipe:
-        recipe, overrides = "tiny", [recipe, *overrides]
-    print(to_yaml(load_config(recipe, overrides)), end="")
+    print(to_yaml(load_config(*_recipe_and_overrides(args))), end="")
     return 0
 
 
@@ -67,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. learner.lr=1e-4")
     p_train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p_train.set_defaults(func=_train)
+    p_ws = sub.add_parser("warmstart", help="run (or find) the SFT warm-start of a recipe and print its folder")
+    p_ws.add_argument("recipe", nargs="?")
+    p_ws.add_argument("overrides", nargs="*")
+    p_ws.add_argument("--ship", action="store_true", help="copy it into the package's shipped warm-starts")
+    p_ws.set_defaults(func=_warmstart)
     p_cfg = sub.add_parser("config", help="config tools")
     cfg_sub = p_cfg.add_subparsers(dest="config_command", required=True)
     p_show = cfg_sub.add_parser("show", help="print the resolved config")

@@ -23,6 +23,7 @@ from pc_megatron.model.arch import load_arch
 from pc_megatron.model.tiny import create_tiny_model, load_tokenizer
 
 WARMSTART_FORMAT = 1  # bump when the SFT procedure changes, to invalidate caches
+SHIPPED = Path(__file__).resolve().parent / "assets" / "warmstart"
 
 
 def sft_batch(tokenizer, rows: list[PromptRow]) -> TokenBatch:
@@ -53,13 +54,21 @@ def base_model_dir(cfg: Any) -> Path:
     return base
 
 
-def initial_policy_dir(cfg: Any) -> Path:
-    """The HF folder RL starts from: the base model, or its (cached) warm-start."""
-    base = base_model_dir(cfg)
-    if not cfg.warmstart.enabled:
-        return base
+def warm_start_key(cfg: Any) -> str:
+    """Hash of everything that determines the warm-start (portable: no machine paths)."""
+    model = cfg.model.path or cfg.model.tiny
     ws = {k: v for k, v in OmegaConf.to_container(cfg.warmstart).items() if k != "cache_dir"}
-    key = config_hash(WARMSTART_FORMAT, str(base.resolve()), ws, cfg.data.synthetic, cfg.learner.micro_batch_size)
+    return config_hash(WARMSTART_FORMAT, model, ws, cfg.data.synthetic, cfg.learner.micro_batch_size)
+
+
+def initial_policy_dir(cfg: Any) -> Path:
+    """The HF folder RL starts from: the base model, or its warm-start — shipped with the
+    package (``SHIPPED``) when one matches the config, else computed once into the cache."""
+    if not cfg.warmstart.enabled:
+        return base_model_dir(cfg)
+    key = warm_start_key(cfg)
+    if (SHIPPED / key / "model.safetensors").is_file():
+        return SHIPPED / key
     return cache_root(cfg.warmstart.cache_dir) / "warmstart" / key
 
 
@@ -89,6 +98,12 @@ def ensure_warm_start(cfg: Any, task: Task, progress: bool = True) -> Path:
         losses.append(learner.train_sft(sft_batch(tokenizer, rows))["loss"])
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     export_hf(learner.hf_named_tensors(), base, out)
-    info = {"steps": ws.steps, "final_loss": sum(losses[-20:]) / len(losses[-20:]), "wall_s": time.time() - t0}
+    info = {
+        "key": out.name,
+        "steps": ws.steps,
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "wall_s": time.time() - t0,
+        "reproduce": "pc-megatron warmstart RECIPE [key=value ...] (same config => same key)",
+    }
     (out / "warmstart.json").write_text(json.dumps(info, indent=2))
     return out

@@ -9,6 +9,7 @@ the row number) and the reason.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def load_rows(path: str | Path) -> list[PromptRow]:
 def write_jsonl(rows: list[PromptRow], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # unique: concurrent runs may race
     with tmp.open("w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps({"id": r.id, "prompt": r.prompt, "answer": r.answer, **r.meta}) + "\n")

@@ -1,0 +1,83 @@
+"""The HF rollout engine: seeded sampling, greedy, stop conditions, weight updates."""
+
+import pytest
+import torch
+
+from pc_megatron.rollout.base import SamplingParams
+from pc_megatron.rollout.batch import completions_to_batch, group_stats
+from pc_megatron.rollout.hf_engine import HFEngine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return HFEngine(tiny_model_dir, max_batch_size=5)
+
+
+PROMPTS = [[3, 4, 12, 5, 16], [7, 16], [3, 3, 3, 3, 3, 3, 16]]  # different lengths: left padding matters
+
+
+def test_same_seed_same_samples_other_seed_other_samples(engine):
+    p = SamplingParams(temperature=1.0, max_new_tokens=6)
+    a, b, c = engine.generate(PROMPTS, 4, p, seed=1), engine.generate(PROMPTS, 4, p, seed=1), engine.generate(PROMPTS, 4, p, seed=2)
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    assert [x.token_ids for x in a] != [x.token_ids for x in c]
+    assert [x.prompt_index for x in a] == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_batched_generation_equals_one_prompt_at_a_time(engine):
+    """Left padding and position ids are right: a prompt's greedy output does not depend on
+    the other prompts in the batch."""
+    p = SamplingParams(temperature=0.0, max_new_tokens=6)
+    batched = engine.generate(PROMPTS, 1, p, seed=0)
+    for i, prompt in enumerate(PROMPTS):
+        (alone,) = engine.generate([prompt], 1, p, seed=0)
+        assert alone.token_ids == batched[i].token_ids
+        assert alone.logprobs == pytest.approx(batched[i].logprobs, abs=1e-5)
+
+
+def test_logprobs_are_those_of_the_full_tempered_distribution(engine, tiny_model_dir):
+    p = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=4)
+    (c,) = engine.generate([PROMPTS[0]], 1, p, seed=3)
+    seq = torch.tensor([PROMPTS[0] + c.token_ids])
+    with torch.no_grad():
+        logits = engine.model(input_ids=seq).logits[0, len(PROMPTS[0]) - 1 : -1] / 0.7
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-5)
+
+
+def test_stop_tokens_end_a_completion(engine):
+    p = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=tuple(range(64)))
+    for c in engine.generate(PROMPTS, 2, p, seed=0):
+        assert len(c.token_ids) == 1 and c.finish_reason == "stop"
+    p = SamplingParams(temperature=1.0, max_new_tokens=3)
+    for c in engine.generate(PROMPTS, 2, p, seed=0):
+        assert c.finish_reason == "stop" or len(c.token_ids) == 3
+
+
+def test_update_weights_changes_outputs_and_rejects_unknown_names(engine):
+    p = SamplingParams(temperature=0.0, max_new_tokens=4)
+    before = engine.generate(PROMPTS, 1, p, seed=0)
+    saved = {n: t.clone() for n, t in engine.model.named_parameters()}
+    try:
+        engine.update_weights((n, torch.randn_like(t)) for n, t in saved.items())
+        assert [c.logprobs for c in engine.generate(PROMPTS, 1, p, seed=0)] != [c.logprobs for c in before]
+        with pytest.raises(KeyError, match="no parameter"):
+            engine.update_weights([("model.bogus.weight", torch.zeros(1))])
+    finally:
+        engine.update_weights(saved.items())
+
+
+def test_completions_to_batch_aligns_masks_and_logprobs(engine):
+    cs = engine.generate(PROMPTS, 2, SamplingParams(temperature=1.0, max_new_tokens=5), seed=4)
+    batch, elp = completions_to_batch(PROMPTS, cs, pad_id=0)
+    for i, c in enumerate(cs):
+        start = len(PROMPTS[c.prompt_index]) - 1
+        assert batch.loss_mask[i].sum() == len(c.token_ids)
+        assert batch.tokens[i, start + 1 : start + 1 + len(c.token_ids)].tolist() == c.token_ids
+        assert elp[i, start : start + len(c.token_ids)].tolist() == pytest.approx(c.logprobs)
+
+
+def test_group_stats_count_degenerate_groups():
+    correct = torch.tensor([1, 1, 0, 0, 0, 0, 1, 0], dtype=torch.bool)
+    s = group_stats(correct, correct.float(), group_size=2)
+    assert s["frac_all_correct"] == 0.25 and s["frac_all_wrong"] == 0.5 and s["mean_group_std"] == 0.125
