@@ -63,7 +63,7 @@ class WarmStartConfig:
 
     enabled: bool = True
     """Run (or reuse) the warm-start; false = start RL from model.path as is."""
-    steps: int = 300
+    steps: int = 3000
     """SFT optimizer steps."""
     batch_size: int = 64
     """Examples per SFT step."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +44,8 @@ class RewardConfig:
 
     name: str = "integer_match"
     """Registered reward: one of REWARDS."""
+    timeout_s: float = 60.0
+    """Scoring a step's completions taking longer than this fails the step with a clear error."""
 
 
 def build_reward(cfg: RewardConfig) -> Reward:
@@ -51,8 +54,35 @@ def build_reward(cfg: RewardConfig) -> Reward:
     return REWARDS[cfg.name]()
 
 
-def score_all(reward: Reward, completions: list[str], answers: list[str], ids: list[str]) -> list[RewardResult]:
-    """Score every completion; a reward that raises is reported with the prompt id and input."""
+def score_all(
+    reward: Reward, completions: list[str], answers: list[str], ids: list[str], timeout_s: float | None = None
+) -> list[RewardResult]:
+    """Score every completion. A reward that raises is reported with the prompt id and input;
+    one that hangs past ``timeout_s`` fails the step (a daemon thread: it cannot block exit)."""
+    if timeout_s is None:
+        return _score(reward, completions, answers, ids)
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["out"] = _score(reward, completions, answers, ids)
+        except BaseException as e:
+            box["err"] = e
+
+    worker = threading.Thread(target=work, daemon=True, name="reward")
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise RewardError(
+            f"reward did not finish {len(completions)} completions within reward.timeout_s={timeout_s:g}; "
+            "fix the hanging reward or raise the timeout"
+        )
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+def _score(reward: Reward, completions: list[str], answers: list[str], ids: list[str]) -> list[RewardResult]:
     out = []
     for text, answer, pid in zip(completions, answers, ids, strict=True):
         try:

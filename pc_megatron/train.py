@@ -89,7 +89,14 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
 
     def run_eval(step: int) -> dict:
         acc, per_family = evaluate(
-            engine, tokenizer, task.eval, cfg.eval, reward, cfg.rollout.max_new_tokens, _seed(cfg, step, 1)
+            engine,
+            tokenizer,
+            task.eval,
+            cfg.eval,
+            reward,
+            cfg.rollout.max_new_tokens,
+            _seed(cfg, step, 1),
+            cfg.reward.timeout_s,
         )
         loop["evals"].append((step, loop["cum_rollouts"], acc))
         return {"eval_accuracy": acc, **{f"eval_accuracy/{k}": v for k, v in per_family.items()}}
@@ -106,8 +113,12 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         metrics.write({**row, "time_eval_s": time.perf_counter() - t0})
 
     bar = tqdm(
-        range(loop["step"] + 1, cfg.steps + 1), desc="GRPO", initial=loop["step"], total=cfg.steps,
-        disable=not cfg.progress, dynamic_ncols=True,
+        range(loop["step"] + 1, cfg.steps + 1),
+        desc="GRPO",
+        initial=loop["step"],
+        total=cfg.steps,
+        disable=not cfg.progress,
+        dynamic_ncols=True,
     )
     for step in bar:
         timer, t_step = Timer(), time.perf_counter()
@@ -119,7 +130,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         with timer("reward"):
             texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
             owners = [rows[c.prompt_index] for c in completions]
-            results = score_all(reward, texts, [r.answer for r in owners], [r.id for r in owners])
+            results = score_all(reward, texts, [r.answer for r in owners], [r.id for r in owners], cfg.reward.timeout_s)
             rewards = torch.tensor([r.score for r in results])
             correct = torch.tensor([r.correct for r in results])
         with timer("logprob"):
@@ -186,8 +197,11 @@ def finish(cfg: Any, run_dir: Path, loop: dict, wall_s: float) -> dict:
     table = [
         ("run directory", str(run_dir)),
         ("steps", str(cfg.steps)),
-        ("held-out accuracy", f"{summary['initial_eval_accuracy']:.3f} -> {summary['final_eval_accuracy']:.3f} "
-         f"(best {summary['best_eval_accuracy']:.3f})"),
+        (
+            "held-out accuracy",
+            f"{summary['initial_eval_accuracy']:.3f} -> {summary['final_eval_accuracy']:.3f} "
+            f"(best {summary['best_eval_accuracy']:.3f})",
+        ),
         ("cumulative rollouts", f"{summary['cum_rollouts']:,}"),
         ("generated tokens", f"{summary['cum_generated_tokens']:,}"),
         ("max log-prob mismatch", f"{summary['max_logprob_mismatch']:.2e}"),

@@ -36,4 +36,5 @@ def cache_dir(tmp_path_factory):
 def tiny_model_dir(tmp_path_factory):
     from pc_megatron.model.tiny import TinyModelConfig, create_tiny_model
 
-    return create_tiny_model(TinyModelConfig(num_layers=2), tmp_path_factory.mktemp("tiny") / "model")
+    cfg = TinyModelConfig(num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256)
+    return create_tiny_model(cfg, tmp_path_factory.mktemp("tiny") / "model")

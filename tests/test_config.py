@@ -44,8 +44,10 @@ def test_cli_prints_one_error_line_without_traceback():
     )
     assert out.returncode == 2
     lines = [x for x in out.stderr.splitlines() if x.strip()]
-    assert lines == ["error: override 'learner.lrr=1': unknown config key 'learner.lrr'; did you mean "
-                     "learner.lr, learner.min_lr, learner.clip_grad?"]
+    assert lines == [
+        "error: override 'learner.lrr=1': unknown config key 'learner.lrr'; did you mean "
+        "learner.lr, learner.min_lr, learner.clip_grad?"
+    ]
 
 
 def test_config_show_prints_resolved_yaml():

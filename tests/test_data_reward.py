@@ -30,7 +30,7 @@ def test_jsonl_rows_load_with_extra_fields_kept(tmp_path):
         ('{"id": 1, "prompt": "", "answer": "3"}', "'prompt' must be a non-empty string"),
         ('{"id": 1, "prompt": "x", "answer": [3]}', "'answer' must be a string or an integer"),
         ('{"id": 1, "prompt": "x", "answer": "3"', "invalid JSON"),
-        ('[1, 2]', "expected a JSON object"),
+        ("[1, 2]", "expected a JSON object"),
     ],
 )
 def test_malformed_jsonl_row_names_file_line_and_reason(tmp_path, line, reason):
@@ -52,7 +52,9 @@ def test_duplicate_ids_and_missing_file_and_extension(tmp_path):
 
 
 def test_parquet_rows_and_missing_column(tmp_path):
-    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}), tmp_path / "ok.parquet")
+    pq.write_table(
+        pa.table({"id": ["a", "b"], "prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}), tmp_path / "ok.parquet"
+    )
     assert [r.answer for r in load_rows(tmp_path / "ok.parquet")] == ["2", "4"]
     pq.write_table(pa.table({"id": ["a"], "prompt": ["1+1="]}), tmp_path / "bad.parquet")
     with pytest.raises(DataError, match="missing column"):
@@ -95,3 +97,21 @@ def test_a_raising_reward_is_reported_with_the_prompt_id():
 
     with pytest.raises(RewardError, match="ValueError: boom on prompt id 'p7'"):
         score_all(broken, ["1"], ["1"], ["p7"])
+
+
+def test_a_hanging_reward_fails_the_step_within_the_timeout():
+    import time
+
+    def hangs(text, answer):
+        time.sleep(30)
+
+    t0 = time.perf_counter()
+    with pytest.raises(RewardError, match="within reward.timeout_s=0.2"):
+        score_all(hangs, ["1"], ["1"], ["p0"], timeout_s=0.2)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_reward_errors_pass_through_the_timeout_path():
+    with pytest.raises(RewardError, match="prompt id 'q'"):
+        score_all(lambda t, a: 1 / 0, ["1"], ["1"], ["q"], timeout_s=5)
+    assert score_all(IntegerMatchReward(), ["3"], ["3"], ["q"], timeout_s=5)[0].correct

@@ -53,7 +53,10 @@ def test_weights_from_a_different_model_are_rejected(tmp_path, learner):
     from pc_megatron.errors import ModelFileError
     from pc_megatron.model.tiny import TinyModelConfig, create_tiny_model
 
-    other = create_tiny_model(TinyModelConfig(num_layers=2, intermediate_size=256), tmp_path / "other")
+    other = create_tiny_model(
+        TinyModelConfig(num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=384),
+        tmp_path / "other",
+    )
     with pytest.raises(ModelFileError, match="expects"):
         learner._load_hf(learner.module, load_hf_weights(other), str(other))
 
@@ -84,3 +87,32 @@ def test_sft_step_lowers_the_loss_on_its_batch(tiny_model_dir):
     for _ in range(5):
         last = learner.train_sft(batch)["loss"]
     assert last < first - 0.1 and learner.version == 6
+
+
+def test_nan_loss_stops_with_a_clear_error_and_applies_nothing(tiny_model_dir):
+    from pc_megatron.algo import LossConfig
+    from pc_megatron.errors import TrainingError
+
+    learner = Learner(tiny_model_dir, LearnerConfig(), seed=0)
+    before = {n: p.detach().clone() for n, p in learner.module.named_parameters()}
+    tokens = torch.randint(2, 23, (2, 6), generator=torch.Generator().manual_seed(3))
+    batch = TokenBatch(tokens, torch.ones(2, 5))
+    old = learner.logprobs(batch)
+    with pytest.raises(TrainingError, match="non-finite loss.*last checkpoint is intact"):
+        learner.train_rl(batch, old, torch.tensor([float("nan"), 1.0]), LossConfig(), 1.0)
+    assert learner.version == 0
+    for n, p in learner.module.named_parameters():
+        assert torch.equal(p, before[n])
+
+
+def test_checkpoint_from_a_different_model_is_rejected(tiny_model_dir, tmp_path):
+    from pc_megatron.errors import ModelFileError
+    from pc_megatron.model.tiny import TinyModelConfig, create_tiny_model
+
+    other_dir = create_tiny_model(
+        TinyModelConfig(num_layers=3, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256),
+        tmp_path / "three",
+    )
+    state = Learner(other_dir, LearnerConfig(), seed=0).state_dict()
+    with pytest.raises(ModelFileError, match="different model.*num_layers"):
+        Learner(tiny_model_dir, LearnerConfig(), seed=0).load_state_dict(state)

@@ -18,7 +18,11 @@ PROMPTS = [[3, 4, 12, 5, 16], [7, 16], [3, 3, 3, 3, 3, 3, 16]]  # different leng
 
 def test_same_seed_same_samples_other_seed_other_samples(engine):
     p = SamplingParams(temperature=1.0, max_new_tokens=6)
-    a, b, c = engine.generate(PROMPTS, 4, p, seed=1), engine.generate(PROMPTS, 4, p, seed=1), engine.generate(PROMPTS, 4, p, seed=2)
+    a, b, c = (
+        engine.generate(PROMPTS, 4, p, seed=1),
+        engine.generate(PROMPTS, 4, p, seed=1),
+        engine.generate(PROMPTS, 4, p, seed=2),
+    )
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     assert [x.token_ids for x in a] != [x.token_ids for x in c]
     assert [x.prompt_index for x in a] == [0] * 4 + [1] * 4 + [2] * 4

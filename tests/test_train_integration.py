@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,10 @@ from pc_megatron.train import train
 
 SMALL = [
     "model.tiny.num_layers=2",
+    "model.tiny.hidden_size=128",
+    "model.tiny.num_heads=2",
+    "model.tiny.num_kv_heads=1",
+    "model.tiny.intermediate_size=256",
     "data.synthetic.num_train=200",
     "data.synthetic.num_eval=40",
     "data.synthetic.num_sft=400",
@@ -44,8 +47,18 @@ def test_two_grpo_steps_write_the_run_directory(two_step_run):
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
     required = {
-        "step", "cum_rollouts", "cum_generated_tokens", "reward_mean", "frac_all_correct", "frac_all_wrong",
-        "mean_group_std", "logprob_mismatch", "time_step_s", "time_rollout_s", "time_train_s", "time_sync_s",
+        "step",
+        "cum_rollouts",
+        "cum_generated_tokens",
+        "reward_mean",
+        "frac_all_correct",
+        "frac_all_wrong",
+        "mean_group_std",
+        "logprob_mismatch",
+        "time_step_s",
+        "time_rollout_s",
+        "time_train_s",
+        "time_sync_s",
     }
     assert required <= set(rows[1]) and "eval_accuracy" in rows[0] and "eval_accuracy" in rows[2]
     assert rows[2]["cum_rollouts"] == 2 * 8 * 4 and rows[2]["policy_version"] == 2
@@ -102,7 +115,9 @@ def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path, cache_dir):
 def test_missing_model_folder_is_one_clear_error(tmp_path, cache_dir):
     out = run_cli(
         ["model.path=" + str(tmp_path / "missing"), "warmstart.enabled=false", f"out_dir={tmp_path}", "progress=false"],
-        cache_dir, stderr=subprocess.PIPE, text=True,
+        cache_dir,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     _, err = out.communicate(timeout=120)
     lines = [x for x in err.splitlines() if x.startswith("error:")]

@@ -28,8 +28,18 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         name = f"{stamp}-seed{seed}"
-        cmd = [sys.executable, "-m", "pc_megatron.cli", "train", args.recipe, f"seed={seed}", f"out_dir={args.out}",
-               f"name={name}", "progress=false", *args.overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pc_megatron.cli",
+            "train",
+            args.recipe,
+            f"seed={seed}",
+            f"out_dir={args.out}",
+            f"name={name}",
+            "progress=false",
+            *args.overrides,
+        ]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         s = json.loads((Path(args.out) / name / "summary.json").read_text())
         rows.append((seed, s))
@@ -37,8 +47,10 @@ def main() -> None:
     print("| seed | initial | final | best | gain | cum rollouts | wall s |")
     print("|---|---|---|---|---|---|---|")
     for (seed, s), g in zip(rows, gains, strict=True):
-        print(f"| {seed} | {s['initial_eval_accuracy']:.3f} | {s['final_eval_accuracy']:.3f} | "
-              f"{s['best_eval_accuracy']:.3f} | {g:+.3f} | {s['cum_rollouts']} | {s['wall_s']:.0f} |")
+        print(
+            f"| {seed} | {s['initial_eval_accuracy']:.3f} | {s['final_eval_accuracy']:.3f} | "
+            f"{s['best_eval_accuracy']:.3f} | {g:+.3f} | {s['cum_rollouts']} | {s['wall_s']:.0f} |"
+        )
     sd = statistics.stdev(gains) if len(gains) > 1 else float("nan")
     print(f"\nmean gain {statistics.mean(gains):+.3f}, seed-to-seed std of the final accuracy {sd:.3f}")
 

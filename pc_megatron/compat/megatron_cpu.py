@@ -140,9 +140,9 @@ def apply() -> None:
     for name in _CUDA_LITERAL_MODULES:
         importlib.import_module(name).torch = proxy
     torch.Tensor.cuda = lambda self, *a, **k: self  # optimizer offload/restore helpers
-    importlib.import_module("megatron.core.optimizer.optimizer").clip_grad_by_total_norm_fp32 = (
-        _clip_grad_by_total_norm_fp32
-    )
+    importlib.import_module(
+        "megatron.core.optimizer.optimizer"
+    ).clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
 
     from megatron.core.tensor_parallel import random as tp_random
 

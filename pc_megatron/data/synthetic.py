@@ -59,7 +59,7 @@ class SyntheticTaskConfig:
     """RL training prompts."""
     num_eval: int = 500
     """Held-out prompts (disjoint from train and SFT by prompt text)."""
-    num_sft: int = 8000
+    num_sft: int = 50000
     """Warm-start (SFT) examples, disjoint from the held-out split."""
     mix: dict[str, float] = field(
         default_factory=lambda: {

@@ -46,8 +46,7 @@ class LearnerConfig:
     def validate(self) -> None:
         if self.tensor_parallel_size != 1 or self.pipeline_parallel_size != 1:
             raise ConfigError(
-                "learner.tensor_parallel_size / pipeline_parallel_size > 1 are not supported yet; "
-                "set both to 1"
+                "learner.tensor_parallel_size / pipeline_parallel_size > 1 are not supported yet; set both to 1"
             )
         if self.transformer_impl not in ("auto", "local", "transformer_engine"):
             raise ConfigError(

@@ -179,7 +179,7 @@ class Learner:
             loss.backward()
             total += loss.item()
         self.model.finish_grad_sync()
-        ok, grad_norm, _ = self.optimizer.step()
+        _, grad_norm, _ = self.optimizer.step()
         if grad_norm is not None and not math.isfinite(grad_norm):
             raise TrainingError(f"non-finite gradient norm at policy version {self.version}; lower the learning rate")
         self.scheduler.step(1)
@@ -248,7 +248,9 @@ class Learner:
 
     def load_state_dict(self, state: dict) -> None:
         if state["arch"] != self.arch.__dict__:
-            diff = {k: (v, self.arch.__dict__.get(k)) for k, v in state["arch"].items() if self.arch.__dict__.get(k) != v}
+            diff = {
+                k: (v, self.arch.__dict__.get(k)) for k, v in state["arch"].items() if self.arch.__dict__.get(k) != v
+            }
             raise ModelFileError(f"checkpoint is from a different model (checkpoint vs this run: {diff})")
         params = dict(self.module.named_parameters())
         with torch.no_grad():

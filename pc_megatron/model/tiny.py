@@ -19,15 +19,15 @@ CHARS = "0123456789+-*/=()?., "
 class TinyModelConfig:
     """Shape of the embedded Qwen2 policy (used when model.path is empty)."""
 
-    hidden_size: int = 128
+    hidden_size: int = 256
     """Model width; head_dim is fixed at 64 (the vLLM CPU backend requires it)."""
     num_layers: int = 4
     """Transformer layers."""
-    num_heads: int = 2
+    num_heads: int = 4
     """Query heads (hidden_size / 64)."""
-    num_kv_heads: int = 1
+    num_kv_heads: int = 2
     """Key/value heads (GQA when < num_heads)."""
-    intermediate_size: int = 384
+    intermediate_size: int = 768
     """SwiGLU hidden size."""
     vocab_size: int = 64
     """Embedding rows (>= tokenizer size, padded for alignment)."""

@@ -34,9 +34,7 @@ class Completion:
 
 
 class RolloutEngine(Protocol):
-    def generate(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int
-    ) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int) -> list[Completion]:
         """``n`` completions per prompt, prompt-major (all of prompt 0, then prompt 1, ...).
         The result is a pure function of (weights, prompts, n, params, seed)."""
         ...

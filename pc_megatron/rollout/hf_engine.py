@@ -81,7 +81,10 @@ class HFEngine:
             attn = torch.cat([attn, alive.long()[:, None]], dim=1)
             pos = pos[:, -1:] + 1
             out = self.model(
-                input_ids=tok[:, None], attention_mask=attn, position_ids=pos, past_key_values=out.past_key_values,
+                input_ids=tok[:, None],
+                attention_mask=attn,
+                position_ids=pos,
+                past_key_values=out.past_key_values,
                 use_cache=True,
             )
         tok_mat = torch.stack(tokens, 1).cpu()
