@@ -64,14 +64,14 @@ class SyntheticTaskConfig:
     mix: dict[str, float] = field(
         default_factory=lambda: {
             "add1": 0.5,
-            "add2": 2.0,
-            "add3": 2.0,
-            "sub2": 1.5,
-            "sub3": 1.5,
-            "mul1": 0.5,
-            "mul21": 1.5,
-            "mul22": 1.0,
-            "addthree": 1.0,
+            "add2": 3.0,
+            "add3": 1.5,
+            "sub2": 2.5,
+            "sub3": 0.5,
+            "mul1": 1.5,
+            "mul21": 1.0,
+            "mul22": 0.5,
+            "addthree": 0.5,
         }
     )
     """Relative weight of each problem family (see FAMILIES)."""
