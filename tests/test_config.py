@@ -54,4 +54,15 @@ def test_config_show_prints_resolved_yaml():
     out = subprocess.run(
         [sys.executable, "-m", "pc_megatron.cli", "config", "show", "tiny", "seed=7"], capture_output=True, text=True
     )
-    assert out.returncode == 0 and "seed: 7" in out.stdout and "prompts_per_step: 32" in out.stdout
+    assert out.returncode == 0 and "seed: 7" in out.stdout and "prompts_per_step: 64" in out.stdout
+
+
+def test_default_recipe_uses_the_shipped_warm_start():
+    """A change to the tiny recipe or the SFT procedure that orphans the shipped warm-start
+    would make the default run retrain it (~7 min): re-ship with `pc-megatron warmstart --ship`."""
+    from pc_megatron.model.arch import load_arch
+    from pc_megatron.warmstart import SHIPPED, initial_policy_dir
+
+    path = initial_policy_dir(load_config("tiny"))
+    assert path.parent == SHIPPED and (path / "model.safetensors").is_file()
+    assert load_arch(path).hidden_size == 256
