@@ -13,21 +13,19 @@ EVAL_KEY = "eval_accuracy"
 class MetricsLog:
     """Appends one JSON object per row to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
 
-    On resume, rows after the checkpoint step are dropped first so the file reads as if the
-    run had never stopped.
+    Rows after ``resume_step`` (the checkpoint step, or -1 for a fresh start) are dropped first,
+    so after a resume the file reads as if the run had never stopped.
     """
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, resume_step: int) -> None:
         self.path = run_dir / "metrics.jsonl"
-        if resume_step is not None and self.path.exists():
+        if self.path.exists():
             kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
             self.path.write_text("".join(line + "\n" for line in kept))
         self._file = self.path.open("a", encoding="utf-8")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tb = SummaryWriter(
-            str(run_dir / "tensorboard"), purge_step=None if resume_step is None else resume_step + 1
-        )
+        self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
 
     def write(self, row: dict) -> None:
         self._file.write(json.dumps(row) + "\n")

@@ -13,6 +13,7 @@ update and the clip matters only with several mini-batches.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -40,21 +41,13 @@ def _seed(cfg: Any, step: int, stream: int) -> int:
     return (cfg.seed * 1_000_003 + step) * 16 + stream
 
 
-class Timer:
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
-
-    def __call__(self, name: str):
-        timer = self
-
-        class _Span:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.times[f"time_{name}_s"] = timer.times.get(f"time_{name}_s", 0.0) + time.perf_counter() - self.t0
-
-        return _Span()
+@contextlib.contextmanager
+def timed(times: dict[str, float], phase: str):
+    """Accumulate the wall time of a phase into ``times["time_<phase>_s"]``."""
+    t0 = time.perf_counter()
+    yield
+    key = f"time_{phase}_s"
+    times[key] = times.get(key, 0.0) + time.perf_counter() - t0
 
 
 def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
@@ -84,7 +77,8 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         loop = state["loop"]
         set_rng_state(state["rng"])
     wall_at_start = loop["wall_s"]
-    metrics = MetricsLog(run_dir, resume_step=loop["step"] if state is not None else None)
+    # Rows past the checkpoint (or all rows, without one) are redone, so they are dropped first.
+    metrics = MetricsLog(run_dir, resume_step=loop["step"] if state is not None else -1)
     engine.update_weights(learner.hf_named_tensors())
 
     def run_eval(step: int) -> dict:
@@ -121,27 +115,28 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         dynamic_ncols=True,
     )
     for step in bar:
-        timer, t_step = Timer(), time.perf_counter()
+        times: dict[str, float] = {}
+        t_step = time.perf_counter()
         rows = [task.train[i] for i in sampler.next_batch(B)]
         prompts = [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in rows]
 
-        with timer("rollout"):
+        with timed(times, "rollout"):
             completions = engine.generate(prompts, n, sampling, _seed(cfg, step, 0))
-        with timer("reward"):
+        with timed(times, "reward"):
             texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
             owners = [rows[c.prompt_index] for c in completions]
             results = score_all(reward, texts, [r.answer for r in owners], [r.id for r in owners], cfg.reward.timeout_s)
             rewards = torch.tensor([r.score for r in results])
             correct = torch.tensor([r.correct for r in results])
-        with timer("logprob"):
+        with timed(times, "logprob"):
             batch, engine_logp = completions_to_batch(prompts, completions, tokenizer.pad_token_id)
             old_logp = learner.logprobs(batch, sampling.temperature)
             ref_logp = ref_learner.logprobs(batch, sampling.temperature) if ref_learner else None
         mismatch = (old_logp - engine_logp).abs() * batch.loss_mask
-        with timer("train"):
+        with timed(times, "train"):
             adv = group_advantages(rewards, torch.arange(B).repeat_interleave(n), loss_cfg.normalize_adv_by_std)
             stats = learner.train_rl(batch, old_logp, adv, loss_cfg, sampling.temperature, ref_logp)
-        with timer("sync"):
+        with timed(times, "sync"):
             engine.update_weights(learner.hf_named_tensors())
 
         n_tokens = int(batch.loss_mask.sum())
@@ -162,9 +157,9 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
             **stats,
         }
         if step % cfg.eval.every_steps == 0 or step == cfg.steps:
-            with timer("eval"):
+            with timed(times, "eval"):
                 row.update(run_eval(step))
-        row.update(timer.times)
+        row.update(times)
         row["time_step_s"] = time.perf_counter() - t_step
         metrics.write(row)
         bar.set_postfix(reward=f"{row['reward_mean']:.2f}", acc=f"{loop['evals'][-1][2]:.3f}")
