@@ -6,8 +6,10 @@ import os
 import warnings
 
 import pytest
-import torch
+import torch  # noqa: I001  (TRITON_INTERPRET must be set before anything imports triton)
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on CPU tensors in the interpreter
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
