@@ -6,7 +6,7 @@ import os
 import warnings
 
 import pytest
-import torch  # noqa: I001  (TRITON_INTERPRET must be set before anything imports triton)
+import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on CPU tensors in the interpreter

@@ -9,13 +9,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.grpo_loss import (  # noqa: E402
+from kernels.grpo_loss import (
     fused_linear_grpo_loss,
     group_advantages,
     grpo_loss,
     logprob_entropy,
 )
-from kernels.grpo_loss.reference import clipped_surrogate, logprob_entropy_reference  # noqa: E402
+from kernels.grpo_loss.reference import clipped_surrogate, logprob_entropy_reference
 
 
 def reference_loss(logits, targets, old, adv, mask, temperature, clip_low=0.2, clip_high=0.28, ref=None, kl=0.0):
@@ -60,8 +60,9 @@ def test_grpo_loss_and_logits_gradient_match_float64(kl):
     scale = torch.randn(())
     (out.loss * scale).backward()
     xd = logits.double().requires_grad_()
-    expected = reference_loss(xd, targets, old.double(), adv.double(), mask.double(), 0.8,
-                              ref=None if ref is None else ref.double(), kl=kl)
+    expected = reference_loss(
+        xd, targets, old.double(), adv.double(), mask.double(), 0.8, ref=None if ref is None else ref.double(), kl=kl
+    )
     (expected * scale.double()).backward()
     assert abs(out.loss.item() - expected.item()) < 1e-5
     assert torch.allclose(x.grad.double(), xd.grad, atol=1e-6)

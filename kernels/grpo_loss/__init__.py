@@ -86,7 +86,9 @@ def logprob_entropy(
     """``logits: (T, V)`` bf16/fp16/fp32, ``targets: (T,) int64`` in ``[0, V)`` (masked rows too)
     → ``(logp, entropy)`` each ``(T,) float32``, differentiable w.r.t. ``logits``."""
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"expected logits (T, V) and targets (T,), got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"expected logits (T, V) and targets (T,), got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
     if resolve_impl(impl, logits.device) == "torch":
         return logprob_entropy_reference(logits, targets, temperature)
     from kernels.grpo_loss.triton_impl import LogProbEntropy
@@ -116,7 +118,9 @@ def grpo_loss(
     _check_tp(tp_group)
     logp, entropy = logprob_entropy(logits, targets, temperature, impl)
     mask = mask.float()
-    loss_t, clipped, _ = clipped_surrogate(logp, old_logp.float(), advantages.float(), clip_low, clip_high, ref_logp, kl_coef)
+    loss_t, clipped, _ = clipped_surrogate(
+        logp, old_logp.float(), advantages.float(), clip_low, clip_high, ref_logp, kl_coef
+    )
     num_tokens = mask.sum().clamp(min=1.0)
     loss, clipfrac = _reduce(loss_t, clipped, mask, num_tokens)
     return GRPOLossOutput(loss, logp, entropy.detach(), clipfrac)

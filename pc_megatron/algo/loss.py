@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.grpo_loss.reference import clipped_surrogate
+
 
 @dataclass
 class LossConfig:
@@ -52,17 +54,12 @@ def policy_loss(
     and a dict of ``(B, T)`` tensors: ``clipped`` (1.0 where the clip was active), ``ratio``,
     ``kl`` (when ``ref_logp`` is given).
     """
-    log_ratio = logp - old_logp
-    ratio = torch.exp(log_ratio)
-    pg_unclipped = -advantages * ratio
-    pg_clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    loss = torch.maximum(pg_unclipped, pg_clipped)
-    stats = {"clipped": (pg_clipped > pg_unclipped).float().detach(), "ratio": ratio.detach()}
-    if ref_logp is not None and cfg.kl_coef > 0:
-        delta = ref_logp - logp
-        kl = torch.exp(delta) - delta - 1.0
-        loss = loss + cfg.kl_coef * kl
-        stats["kl"] = kl.detach()
+    loss, clipped, kl = clipped_surrogate(
+        logp, old_logp, advantages, cfg.clip_low, cfg.clip_high, ref_logp, cfg.kl_coef
+    )
+    stats = {"clipped": clipped, "ratio": torch.exp(logp - old_logp).detach()}
+    if kl is not None:
+        stats["kl"] = kl
     if entropy is not None and cfg.entropy_coef > 0:
         loss = loss - cfg.entropy_coef * entropy
     return loss, stats

@@ -40,6 +40,9 @@ class LearnerConfig:
     """Adam epsilon."""
     clip_grad: float = 1.0
     """Global gradient-norm clip."""
+    loss_impl: str = "auto"
+    """Log-prob/entropy over the vocabulary: 'triton' (fused kernel, kernels/grpo_loss),
+    'torch' (the reference), 'auto' (triton on CUDA, torch on CPU)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward; gradients accumulate over micro-batches."""
 
@@ -54,6 +57,8 @@ class LearnerConfig:
             )
         if self.lr_decay_style not in ("constant", "linear", "cosine"):
             raise ConfigError(f"learner.lr_decay_style: '{self.lr_decay_style}' is not one of constant, linear, cosine")
+        if self.loss_impl not in ("auto", "triton", "torch"):
+            raise ConfigError(f"learner.loss_impl: '{self.loss_impl}' is not one of auto, triton, torch")
         if self.micro_batch_size < 1:
             raise ConfigError("learner.micro_batch_size must be >= 1")
         if self.lr <= 0:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.grpo_loss import logprob_entropy
 from pc_megatron.algo.loss import LossConfig, policy_loss, token_mean
 from pc_megatron.errors import ModelFileError, TrainingError
 from pc_megatron.learner.config import LearnerConfig
@@ -140,17 +141,16 @@ class Learner:
     def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
         b, s = tokens.shape
         pos = torch.arange(s, device=self.device).unsqueeze(0).expand(b, -1)
-        return self.model(tokens, pos, self._causal_mask(s)).float()
+        return self.model(tokens, pos, self._causal_mask(s))
 
-    @staticmethod
-    def _token_logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
-        """``(log p(tokens[:, t+1]), entropy)`` each ``(N, S-1)`` at the sampling temperature."""
-        logits = logits[:, :-1] / temperature
-        logz = torch.logsumexp(logits, dim=-1)
-        logp = logits.gather(-1, tokens[:, 1:, None]).squeeze(-1) - logz
-        probs = torch.softmax(logits, dim=-1)
-        entropy = logz - (probs * logits).sum(-1)
-        return logp, entropy
+    def _token_logp(self, logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
+        """``(log p(tokens[:, t+1]), entropy)`` each ``(N, S-1)`` at the sampling temperature,
+        through kernels.grpo_loss (fused Triton kernel or its torch reference)."""
+        n, s, v = logits.shape
+        # Score every position (a dummy target for the last) so the logits are never copied.
+        targets = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
+        logp, entropy = logprob_entropy(logits.reshape(-1, v), targets.reshape(-1), temperature, self.cfg.loss_impl)
+        return logp.view(n, s)[:, :-1], entropy.view(n, s)[:, :-1]
 
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
