@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels.grpo_loss import fused_linear_grpo_loss, grpo_loss  # noqa: E402
+from kernels.grpo_loss import fused_linear_grpo_loss, grpo_loss
 
 
 def commit() -> str:
@@ -131,7 +131,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     ap.add_argument("--vocab", type=int, default=152064)
     ap.add_argument("--hidden", type=int, default=5120)
-    ap.add_argument("--modes", nargs="+", default=["eager", "compile", "kernel", "eager_linear", "fused_linear", "liger"])
+    modes = ["eager", "compile", "kernel", "eager_linear", "fused_linear", "liger"]
+    ap.add_argument("--modes", nargs="+", default=modes)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--peak-gbps", type=float, default=4800.0)
     ap.add_argument("--csv", default="benchmarks/grpo_loss.csv")
