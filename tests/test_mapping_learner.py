@@ -129,7 +129,7 @@ def test_triton_loss_path_matches_the_torch_reference_in_the_learner(tiny_model_
     old = {impl: lrn.logprobs(batch, 0.9) for impl, lrn in learners.items()}
     assert torch.allclose(old["torch"], old["triton"], atol=1e-5)
     adv = torch.tensor([1.0, -0.5, 0.3])
-    for impl, lrn in learners.items():
+    for lrn in learners.values():
         lrn.train_rl(batch, old["torch"], adv, LossConfig(), 0.9)
     grads = {impl: {n: p.main_grad for n, p in lrn.module.named_parameters()} for impl, lrn in learners.items()}
     for name, g in grads["torch"].items():
