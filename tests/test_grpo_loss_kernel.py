@@ -155,3 +155,41 @@ def test_bf16_kernel_and_bf16_reference_within_tolerance_of_fp32_on_gpu():
     for out in (kernel, ref16):
         assert abs(out.loss.item() - fp32.loss.item()) < 5e-2
         assert (out.logp - fp32.logp).abs().max() < 5e-2
+
+
+def _tp_worker(rank: int, port: int, result_file: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        grpo_loss(
+            torch.zeros(2, 5),
+            torch.zeros(2, dtype=torch.long),
+            torch.zeros(2),
+            torch.zeros(2),
+            torch.ones(2),
+            impl="torch",
+            tp_group=dist.group.WORLD,
+        )
+        message = "no error"
+    except ValueError as e:
+        message = str(e)
+    if rank == 0:
+        with open(result_file, "w") as f:
+            f.write(message)
+    dist.destroy_process_group()
+
+
+def test_vocab_parallel_logits_are_refused_with_the_fix(tmp_path):
+    """Two gloo ranks: a tensor-parallel group of size 2 is rejected, naming the fix."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "msg.txt"
+    mp.spawn(_tp_worker, args=(port, str(out)), nprocs=2)
+    assert "vocabulary-parallel logits are not supported" in out.read_text()
+    assert "gather the logits" in out.read_text()
