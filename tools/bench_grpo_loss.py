@@ -91,7 +91,11 @@ def runner(mode, hidden, weight, targets, old, adv, mask):
         def run():
             h, w = hidden[: B * L].clone().requires_grad_(), weight.clone().requires_grad_()
             out = liger(
-                h.view(B, L, -1), w, targets[: B * L].view(B, L), mask[: B * L].view(B, L), adv[:B],
+                h.view(B, L, -1),
+                w,
+                targets[: B * L].view(B, L),
+                mask[: B * L].view(B, L),
+                adv[:B],
                 old_per_token_logps=old[: B * L].view(B, L),
             )
             return (out[0] if isinstance(out, tuple) else out), [h, w]
@@ -147,8 +151,22 @@ def main() -> None:
     with out.open("a", newline="") as f:
         w = csv.writer(f)
         if new:
-            w.writerow(["device", "commit", "torch", "mode", "T", "V", "H", "fwd_ms", "bwd_ms", "peak_gib",
-                        "floor_ms", "status"])
+            w.writerow(
+                [
+                    "device",
+                    "commit",
+                    "torch",
+                    "mode",
+                    "T",
+                    "V",
+                    "H",
+                    "fwd_ms",
+                    "bwd_ms",
+                    "peak_gib",
+                    "floor_ms",
+                    "status",
+                ]
+            )
         for T in args.tokens:
             inputs = make_inputs(T, args.vocab, args.hidden, device)
             floor_ms = 3 * T * args.vocab * 2 / (args.peak_gbps * 1e9) * 1e3
@@ -164,8 +182,20 @@ def main() -> None:
                     status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                row = [name, commit(), torch.__version__, mode, T, args.vocab, args.hidden,
-                       f"{fwd:.2f}", f"{bwd:.2f}", f"{peak:.2f}", f"{floor_ms:.2f}", status]
+                row = [
+                    name,
+                    commit(),
+                    torch.__version__,
+                    mode,
+                    T,
+                    args.vocab,
+                    args.hidden,
+                    f"{fwd:.2f}",
+                    f"{bwd:.2f}",
+                    f"{peak:.2f}",
+                    f"{floor_ms:.2f}",
+                    status,
+                ]
                 w.writerow(row)
                 f.flush()
                 print(",".join(map(str, row)), flush=True)

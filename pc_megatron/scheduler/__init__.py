@@ -1,0 +1,16 @@
+"""Rollout allocation: which prompts get how many samples each step (grpo | dapo | pilot_commit).
+
+Pure Python, engine- and learner-agnostic, deterministic given a seed; its whole state is a
+picklable dict for checkpoints. No torch model code is imported here.
+"""
+
+from pc_megatron.scheduler.core import (
+    Batch,
+    GenRequest,
+    Group,
+    Sample,
+    Scheduler,
+    SchedulerConfig,
+)
+
+__all__ = ["Batch", "GenRequest", "Group", "Sample", "Scheduler", "SchedulerConfig"]

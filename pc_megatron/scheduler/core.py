@@ -1,0 +1,355 @@
+"""The scheduler: prompt pool, replay buffer, allocation policies, accounting.
+
+One ``next_batch`` call fills one training batch of up to ``B`` groups, calling
+``generate(requests)`` one or more times (rounds):
+
+- ``grpo``: one round, ``B`` fresh prompts x ``n`` samples; every group is trained.
+- ``dapo``: rounds of ``B_gen`` fresh prompts x ``n``; groups with zero reward spread are
+  dropped, mixed groups kept until ``B``; the surplus is discarded (all generated rollouts count).
+- ``pilot_commit``: pilot ``B_gen`` fresh prompts x ``n_p``; keep ``p_lower <= p̂ <= p_upper``
+  in the replay buffer, evict at ``p̂ >= p_evict``, defer too-hard prompts to the next epoch,
+  skip the other too-easy ones this epoch; commit ``n_c`` more samples to up to ``B`` buffered
+  prompts; the trained group is pilot ∪ commit. With ``bind``, commit(t) and the pilot that
+  feeds t+1 share one generate call.
+
+Rounds repeat while the batch is short, up to ``max_rounds``; then the batch is trained as it
+is (possibly empty) instead of the public recipe's hard error. Randomness is drawn from
+streams keyed by (seed, epoch) and (seed, step, round), so it does not depend on call order:
+bound and unbound modes see the same prompts, and a restored scheduler continues exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+POLICIES = ("grpo", "dapo", "pilot_commit")
+
+
+@dataclass
+class SchedulerConfig:
+    """Rollout allocation."""
+
+    policy: str = "grpo"
+    """'grpo' (uniform), 'dapo' (dynamic sampling) or 'pilot_commit'."""
+    gen_prompts_multiplier: int = 3
+    """B_gen = multiplier x B fresh prompts per DAPO / pilot round."""
+    pilot_samples: int = 0
+    """n_p; 0 = n / 4 (the recipe's 32 of 128, 16 of 64)."""
+    p_lower: float = 0.125
+    """Keep pilots with p̂ >= p_lower (inclusive); below: deferred to the next epoch."""
+    p_upper: float = 0.75
+    """Keep pilots with p̂ <= p_upper (inclusive); above: skipped this epoch."""
+    p_evict: float = 1.0
+    """Evict permanently at p̂ >= p_evict (1.0 = all pilot samples correct)."""
+    buffer_capacity: int = 0
+    """Replay-buffer size cap, enforced after each round (oldest dropped first); 0 = 4 x B."""
+    max_off_steps: int = 4
+    """After each batch, flush buffered pilots that would be more than this many steps old next step."""
+    selection: str = "max_variance"
+    """Commit order: 'random' or 'max_variance' (p̂(1-p̂) high first, ties to the most recent)."""
+    bind: bool = True
+    """Put commit(t) and pilot(t+1) in one generate call."""
+    max_rounds: int = 10
+    """Generate rounds per batch before training on what there is."""
+
+
+@dataclass
+class GenRequest:
+    prompt: int
+    n: int
+    phase: str  # "full" | "pilot" | "commit"
+
+
+@dataclass
+class Sample:
+    correct: bool
+    reward: float
+    policy_version: int = 0
+    payload: Any = None  # the engine's completion, opaque here
+
+
+@dataclass
+class Group:
+    """One trained group: all samples share a baseline (pilot ∪ commit for Pilot-Commit)."""
+
+    prompt: int
+    samples: list[Sample]
+    pilot_samples: int = 0
+
+
+@dataclass
+class _Entry:
+    prompt: int
+    samples: list[Sample]
+    planned_step: int  # the step whose batch this pilot was generated for
+
+    @property
+    def p_hat(self) -> float:
+        return sum(s.correct for s in self.samples) / len(self.samples)
+
+
+@dataclass
+class Batch:
+    groups: list[Group]
+    rounds: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+GenerateFn = Callable[[list[GenRequest]], list[list[Sample]]]
+
+
+class Scheduler:
+    def __init__(
+        self, cfg: SchedulerConfig, num_prompts: int, prompts_per_step: int, samples_per_prompt: int, seed: int
+    ):
+        if cfg.policy not in POLICIES:
+            raise ValueError(f"scheduler.policy must be one of {POLICIES}, got {cfg.policy!r}")
+        if cfg.selection not in ("random", "max_variance"):
+            raise ValueError(f"scheduler.selection must be 'random' or 'max_variance', got {cfg.selection!r}")
+        self.cfg, self.N, self.B, self.n, self.seed = cfg, num_prompts, prompts_per_step, samples_per_prompt, seed
+        self.n_p = cfg.pilot_samples or max(1, samples_per_prompt // 4)
+        self.n_c = samples_per_prompt - self.n_p
+        if cfg.policy == "pilot_commit" and self.n_c < 1:
+            raise ValueError(f"pilot_samples={self.n_p} leaves no commit samples of n={samples_per_prompt}")
+        self.capacity = cfg.buffer_capacity or 4 * prompts_per_step
+        self.epoch, self.cursor = 0, 0
+        self.state: dict[int, str] = dict.fromkeys(range(num_prompts), "fresh")  # fresh|buffered|used|evicted
+        self.buffer: dict[int, _Entry] = {}
+        self.pending: list[_Entry] = []  # bound mode: pilot results waiting for the next step
+        self._order_cache: tuple[int, list[int]] = (-1, [])
+        self.counts: dict[str, int] = dict.fromkeys(
+            (
+                "generated",
+                "trained",
+                "wasted_filtered",
+                "wasted_flushed",
+                "wasted_surplus",
+                "wasted_degenerate",
+                "generated_pilot",
+                "generated_commit",
+                "evicted",
+                "deferred",
+                "skipped_easy",
+            ),
+            0,
+        )
+
+    # ------------------------------------------------------------------ pool
+    def _order(self, epoch: int) -> list[int]:
+        """The epoch's prompt order: a pure function of (seed, epoch), computed once per epoch."""
+        if self._order_cache[0] != epoch:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.N).tolist()
+            self._order_cache = (epoch, order)
+        return self._order_cache[1]
+
+    def _new_epoch(self, drawn_now: list[int]) -> None:
+        for e in self.buffer.values():  # the buffer is cleared at the epoch boundary
+            self.counts["wasted_flushed"] += len(e.samples)
+        self.buffer.clear()
+        self.epoch, self.cursor = self.epoch + 1, 0
+        for p, s in self.state.items():
+            if s != "evicted":
+                self.state[p] = "fresh"
+        for p in drawn_now:  # drawn by the call that crossed the boundary: not again in it
+            self.state[p] = "used"
+
+    def _fresh(self, k: int, exclude: frozenset[int] | set[int] = frozenset()) -> list[int]:
+        """Up to k prompts not yet drawn this epoch (and not in ``exclude``: this batch's
+        prompts, should the epoch wrap mid-batch); opens a new epoch when this one runs out."""
+        out: list[int] = []
+        started_new = False
+        while len(out) < k:
+            order = self._order(self.epoch)
+            while self.cursor < self.N and len(out) < k:
+                p = order[self.cursor]
+                self.cursor += 1
+                if self.state[p] == "fresh" and p not in exclude:
+                    out.append(p)
+                    self.state[p] = "used"  # now, so a wrap inside this call cannot draw it twice
+            if len(out) < k:
+                if started_new or all(s == "evicted" for s in self.state.values()):
+                    break  # the whole pool is evicted or already drawn: return what there is
+                self._new_epoch(out)
+                started_new = True
+        return out
+
+    # ------------------------------------------------------------------ policies
+    def next_batch(self, step: int, generate: GenerateFn, policy_version: int = 0) -> Batch:
+        before = dict(self.counts)
+        if self.cfg.policy == "grpo":
+            batch = self._grpo(generate)
+        elif self.cfg.policy == "dapo":
+            batch = self._dapo(generate)
+        else:
+            batch = self._pilot_commit(step, generate)
+        trained = sum(len(g.samples) for g in batch.groups)
+        self.counts["trained"] += trained
+        lags = [policy_version - s.policy_version for g in batch.groups for s in g.samples]
+        batch.stats = {
+            **{f"step_{k}": self.counts[k] - before[k] for k in self.counts},
+            **{f"cum_{k}": v for k, v in self.counts.items()},
+            "groups": len(batch.groups),
+            "rounds": batch.rounds,
+            "buffer_size": len(self.buffer),
+            "pool_evicted": self.counts["evicted"],
+            "epoch": self.epoch,
+            "max_policy_lag": max(lags, default=0),
+            "mean_policy_lag": sum(lags) / len(lags) if lags else 0.0,
+        }
+        return batch
+
+    def _call(self, generate: GenerateFn, requests: list[GenRequest]) -> list[list[Sample]]:
+        if not requests:
+            return []
+        results = generate(requests)
+        for req, samples in zip(requests, results, strict=True):
+            if len(samples) != req.n:
+                raise ValueError(f"generate returned {len(samples)} samples for prompt {req.prompt}, asked {req.n}")
+            self.counts["generated"] += req.n
+            if req.phase in ("pilot", "commit"):
+                self.counts[f"generated_{req.phase}"] += req.n
+        return results
+
+    def _grpo(self, generate: GenerateFn) -> Batch:
+        prompts = self._fresh(self.B)
+        results = self._call(generate, [GenRequest(p, self.n, "full") for p in prompts])
+        return Batch([Group(p, s) for p, s in zip(prompts, results, strict=True)], rounds=1)
+
+    def _dapo(self, generate: GenerateFn) -> Batch:
+        kept: list[Group] = []
+        rounds = 0
+        while len(kept) < self.B and rounds < self.cfg.max_rounds:
+            rounds += 1
+            prompts = self._fresh(self.cfg.gen_prompts_multiplier * self.B, {g.prompt for g in kept})
+            if not prompts:
+                break
+            for p, samples in zip(
+                prompts, self._call(generate, [GenRequest(p, self.n, "full") for p in prompts]), strict=True
+            ):
+                if len({s.reward for s in samples}) == 1:
+                    self.counts["wasted_degenerate"] += len(samples)
+                elif len(kept) < self.B:
+                    kept.append(Group(p, samples))
+                else:
+                    self.counts["wasted_surplus"] += len(samples)
+        return Batch(kept, rounds)
+
+    # Pilot-Commit ---------------------------------------------------------------
+    def _file_pilot(self, entry: _Entry) -> None:
+        """Sort one pilot result into buffer / evicted / deferred / skipped."""
+        p_hat, c = entry.p_hat, self.cfg
+        if p_hat >= c.p_evict:
+            self.state[entry.prompt] = "evicted"
+            self.counts["evicted"] += 1
+        elif p_hat > c.p_upper:
+            self.counts["skipped_easy"] += 1
+        elif p_hat < c.p_lower:
+            self.counts["deferred"] += 1
+        else:
+            self.buffer[entry.prompt] = entry
+            self.state[entry.prompt] = "buffered"
+            return
+        self.counts["wasted_filtered"] += len(entry.samples)
+
+    def _select(self, step: int, rnd: int, need: int, taken: set[int]) -> list[_Entry]:
+        """Up to ``need`` buffered prompts not already in this batch (an epoch can wrap mid-step
+        and pilot a prompt that this batch already trains)."""
+        entries = sorted((e for e in self.buffer.values() if e.prompt not in taken), key=lambda e: e.prompt)
+        if len(entries) > need:
+            if self.cfg.selection == "random":
+                entries = random.Random(f"{self.seed}/select/{step}/{rnd}").sample(entries, need)
+            else:
+                entries.sort(key=lambda e: (-e.p_hat * (1 - e.p_hat), -e.planned_step, e.prompt))
+                entries = entries[:need]
+        for e in entries:
+            del self.buffer[e.prompt]
+            self.state[e.prompt] = "used"
+        return entries
+
+    def _drop(self, entries: list[_Entry]) -> None:
+        for e in entries:
+            del self.buffer[e.prompt]
+            self.state[e.prompt] = "used"
+            self.counts["wasted_flushed"] += len(e.samples)
+
+    def _enforce_capacity(self) -> None:
+        """After each round: the oldest entries beyond the capacity go first."""
+        by_age = sorted(self.buffer.values(), key=lambda e: (e.planned_step, e.prompt))
+        self._drop(by_age[: max(len(self.buffer) - self.capacity, 0)])
+
+    def _flush_stale(self, step: int) -> None:
+        """After the batch is filled: entries that would be more than ``max_off_steps`` old at
+        the next step are flushed."""
+        self._drop([e for e in self.buffer.values() if step + 1 - e.planned_step > self.cfg.max_off_steps])
+
+    def _pilot_requests(self) -> list[GenRequest]:
+        return [GenRequest(p, self.n_p, "pilot") for p in self._fresh(self.cfg.gen_prompts_multiplier * self.B)]
+
+    def _pilot_commit(self, step: int, generate: GenerateFn) -> Batch:
+        """Each round: file pilots → select up to the missing count → commit → trim.
+
+        Unbound, a round's pilot is generated in the round itself. Bound, it was generated in
+        the previous generate call (the last call of step t-1 carries step t's first pilot),
+        so each call holds the commits of one round and the pilot of the next.
+        """
+        groups: list[Group] = []
+        rounds = 0
+        if self.cfg.bind and not self.pending:  # first step (or pool ran dry): a pilot-only call
+            self.pending = self._run_pilots(generate, self._pilot_requests(), planned_step=step)
+        while len(groups) < self.B and rounds < self.cfg.max_rounds:
+            rounds += 1
+            if self.cfg.bind:
+                filed, self.pending = self.pending, []
+            else:
+                filed = self._run_pilots(generate, self._pilot_requests(), planned_step=step)
+            for e in filed:
+                self._file_pilot(e)
+            chosen = self._select(step, rounds, self.B - len(groups), {g.prompt for g in groups})
+            commits = [GenRequest(e.prompt, self.n_c, "commit") for e in chosen]
+            pilots: list[GenRequest] = []
+            if self.cfg.bind:
+                pilots = self._pilot_requests()
+                last = len(groups) + len(chosen) >= self.B or rounds == self.cfg.max_rounds
+                plan_for = step + 1 if last else step
+            results = self._call(generate, commits + pilots)
+            groups += [Group(e.prompt, e.samples + r, len(e.samples)) for e, r in zip(chosen, results, strict=False)]
+            if self.cfg.bind:
+                self.pending = [
+                    _Entry(q.prompt, r, plan_for) for q, r in zip(pilots, results[len(commits) :], strict=True)
+                ]
+            self._enforce_capacity()
+            if not filed and not chosen:
+                break  # nothing left to pilot or commit: the pool is exhausted
+        self._flush_stale(step)
+        return Batch(groups, rounds)
+
+    def _run_pilots(self, generate: GenerateFn, requests: list[GenRequest], planned_step: int) -> list[_Entry]:
+        results = self._call(generate, requests)
+        return [_Entry(q.prompt, r, planned_step) for q, r in zip(requests, results, strict=True)]
+
+    # ------------------------------------------------------------------ state
+    def buffered_samples(self) -> int:
+        return sum(len(e.samples) for e in self.buffer.values()) + sum(len(e.samples) for e in self.pending)
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "state": dict(self.state),
+            "counts": dict(self.counts),
+            "buffer": [(e.prompt, e.samples, e.planned_step) for e in self.buffer.values()],
+            "pending": [(e.prompt, e.samples, e.planned_step) for e in self.pending],
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        if len(sd["state"]) != self.N:
+            raise ValueError(f"scheduler state is for {len(sd['state'])} prompts, this pool has {self.N}")
+        self.epoch, self.cursor = sd["epoch"], sd["cursor"]
+        self.state, self.counts = dict(sd["state"]), dict(sd["counts"])
+        self.buffer = {p: _Entry(p, s, t) for p, s, t in sd["buffer"]}
+        self.pending = [_Entry(p, s, t) for p, s, t in sd["pending"]]

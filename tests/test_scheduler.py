@@ -1,0 +1,168 @@
+"""Scheduler properties with a synthetic pass-rate oracle (hypothesis), CPU only."""
+
+import dataclasses
+import pickle
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pc_megatron.scheduler import Sample, Scheduler, SchedulerConfig
+
+
+class Oracle:
+    """Prompt i is correct with probability p_i; the k-th sample ever drawn for a prompt is a
+    fixed function of (seed, i, k), so any call order gives each prompt the same outcomes."""
+
+    def __init__(self, num_prompts: int, seed: int):
+        rng = random.Random(seed)
+        # the paper's regime: many prompts solved or hopeless, some in between
+        self.p = [rng.choice([0.0, 0.0, 0.05, 0.3, 0.5, 0.7, 0.95, 1.0, 1.0]) for _ in range(num_prompts)]
+        self.drawn = [0] * num_prompts
+        self.seed = seed
+        self.version = 0
+        self.requests = []
+
+    def __call__(self, requests):
+        self.requests.append([(r.prompt, r.n, r.phase, self.version) for r in requests])
+        out = []
+        for r in requests:
+            samples = []
+            for _ in range(r.n):
+                u = random.Random(f"{self.seed}/{r.prompt}/{self.drawn[r.prompt]}").random()
+                self.drawn[r.prompt] += 1
+                ok = u < self.p[r.prompt]
+                samples.append(Sample(correct=ok, reward=float(ok), policy_version=self.version))
+            out.append(samples)
+        return out
+
+
+def run(cfg, steps, num_prompts=40, B=4, n=8, seed=0, oracle_seed=1):
+    sched, oracle = Scheduler(cfg, num_prompts, B, n, seed), Oracle(num_prompts, oracle_seed)
+    history = []
+    for step in range(steps):
+        oracle.version = step
+        batch = sched.next_batch(step, oracle, policy_version=step)
+        history.append((batch, dict(sched.counts), dict(sched.state), sched.buffered_samples()))
+    return sched, oracle, history
+
+
+configs = st.builds(
+    SchedulerConfig,
+    policy=st.sampled_from(["grpo", "dapo", "pilot_commit"]),
+    gen_prompts_multiplier=st.integers(1, 3),
+    buffer_capacity=st.integers(0, 12),
+    max_off_steps=st.integers(0, 4),
+    selection=st.sampled_from(["random", "max_variance"]),
+    bind=st.booleans(),
+    max_rounds=st.integers(1, 4),
+)
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(cfg=configs, steps=st.integers(1, 25), seed=st.integers(0, 5))
+def test_accounting_and_pool_invariants(cfg, steps, seed):
+    sched, oracle, history = run(cfg, steps, seed=seed)
+    wasted = ("wasted_filtered", "wasted_flushed", "wasted_surplus", "wasted_degenerate")
+    for batch, counts, state, buffered in history:
+        # every generated rollout is trained, wasted, or still waiting in the buffer
+        assert counts["generated"] == counts["trained"] + sum(counts[k] for k in wasted) + buffered
+        assert len(batch.groups) <= 4 and len({g.prompt for g in batch.groups}) == len(batch.groups)
+        assert all(len(g.samples) == 8 for g in batch.groups)  # trained group = n samples (pilot ∪ commit)
+        assert set(state.values()) <= {"fresh", "buffered", "used", "evicted"}  # one state per prompt
+    assert {p for p, s in sched.state.items() if s == "buffered"} == set(sched.buffer)
+    # an evicted prompt is never requested in a later step
+    evicted_at = {}
+    for step, (_, _, state, _) in enumerate(history):
+        for p, s in state.items():
+            if s == "evicted":
+                evicted_at.setdefault(p, step)
+    for call in oracle.requests:
+        for prompt, _, _, version in call:
+            assert prompt not in evicted_at or version <= evicted_at[prompt]
+
+
+@SETTINGS
+@given(cfg=configs, seed=st.integers(0, 5))
+def test_no_trained_rollout_is_older_than_the_staleness_bound(cfg, seed):
+    _, _, history = run(cfg, 20, seed=seed)
+    bound = cfg.max_off_steps + (1 if cfg.bind else 0)  # bound pilots come from the previous call
+    for step, (batch, *_) in enumerate(history):
+        for g in batch.groups:
+            assert all(step - s.policy_version <= bound for s in g.samples)
+
+
+@SETTINGS
+@given(cfg=configs.filter(lambda c: c.policy == "pilot_commit"), seed=st.integers(0, 5))
+def test_bound_and_unbound_train_on_the_same_prompts(cfg, seed):
+    bound = dataclasses.replace(cfg, bind=True)
+    unbound = dataclasses.replace(cfg, bind=False)
+    _, _, h1 = run(bound, 15, seed=seed)
+    _, _, h2 = run(unbound, 15, seed=seed)
+    for (b1, *_), (b2, *_) in zip(h1, h2, strict=True):
+        assert [g.prompt for g in b1.groups] == [g.prompt for g in b2.groups]
+        assert [[s.correct for s in g.samples] for g in b1.groups] == [
+            [s.correct for s in g.samples] for g in b2.groups
+        ]
+
+
+@SETTINGS
+@given(cfg=configs, seed=st.integers(0, 5), cut=st.integers(1, 12))
+def test_resuming_from_any_step_reproduces_the_uninterrupted_run(cfg, seed, cut):
+    _, _, full = run(cfg, 16, seed=seed)
+    sched, oracle, _ = run(cfg, cut, seed=seed)
+    saved = pickle.dumps((sched.state_dict(), oracle.drawn))
+    state, drawn = pickle.loads(saved)
+    fresh = Scheduler(cfg, 40, 4, 8, seed)
+    fresh.load_state_dict(state)
+    oracle2 = Oracle(40, 1)
+    oracle2.drawn = drawn
+    rest = []
+    for step in range(cut, 16):
+        oracle2.version = step
+        rest.append(fresh.next_batch(step, oracle2, policy_version=step))
+    for a, b in zip([h[0] for h in full[cut:]], rest, strict=True):
+        assert [(g.prompt, [s.correct for s in g.samples]) for g in a.groups] == [
+            (g.prompt, [s.correct for s in g.samples]) for g in b.groups
+        ]
+        assert a.stats == b.stats
+
+
+def test_deferred_prompts_come_back_next_epoch_and_evicted_never_do():
+    cfg = SchedulerConfig(policy="pilot_commit", bind=False, gen_prompts_multiplier=3)
+    sched, oracle, _ = run(cfg, 60, num_prompts=24)
+    assert sched.epoch >= 3
+    pilots = [p for call in oracle.requests for p, _, phase, _ in call if phase == "pilot"]
+    # p = 0: always below p_lower, so deferred each epoch and piloted again in the next
+    for p in (i for i, q in enumerate(oracle.p) if q == 0.0):
+        assert sched.state[p] != "evicted" and pilots.count(p) >= sched.epoch - 1
+    # p = 1: all pilot samples correct, evicted at the first pilot, never requested again
+    for p in (i for i, q in enumerate(oracle.p) if q == 1.0):
+        assert sched.state[p] == "evicted" and pilots.count(p) == 1
+
+
+def test_binding_puts_commit_and_next_pilot_in_one_call():
+    cfg = SchedulerConfig(policy="pilot_commit", max_rounds=1)
+    _, bound, _ = run(dataclasses.replace(cfg, bind=True), 10)
+    _, unbound, _ = run(dataclasses.replace(cfg, bind=False), 10)
+    assert len(bound.requests) == 1 + 10  # one pilot-only warm-up call, then one call per step
+    assert all({ph for _, _, ph, _ in call} <= {"commit", "pilot"} for call in bound.requests)
+    assert sum({ph for _, _, ph, _ in call} == {"commit", "pilot"} for call in bound.requests) >= 5
+    assert len(unbound.requests) > len(bound.requests)  # separate pilot and commit calls
+
+
+def test_grpo_is_uniform_and_dapo_drops_degenerate_groups():
+    _, _, h = run(SchedulerConfig(policy="grpo"), 3)
+    assert all(len(b.groups) == 4 and b.rounds == 1 for b, *_ in h)
+    _, _, h = run(SchedulerConfig(policy="dapo"), 5)
+    for b, *_ in h:
+        assert all(len({s.reward for s in g.samples}) > 1 for g in b.groups)
+
+
+def test_bad_config_is_rejected():
+    with pytest.raises(ValueError, match="policy must be one of"):
+        Scheduler(SchedulerConfig(policy="ppo"), 10, 2, 8, 0)
+    with pytest.raises(ValueError, match="no commit samples"):
+        Scheduler(SchedulerConfig(policy="pilot_commit", pilot_samples=8), 10, 2, 8, 0)
