@@ -22,6 +22,7 @@ from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.tiny import TinyModelConfig
 from pc_megatron.rewards import RewardConfig
 from pc_megatron.rollout.base import RolloutConfig
+from pc_megatron.scheduler import SchedulerConfig
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -121,6 +122,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -208,6 +210,12 @@ def validate(cfg: Any) -> None:
         validate_mix(dict(cfg.data.synthetic.mix))
     OmegaConf.to_object(cfg.learner).validate()
     OmegaConf.to_object(cfg.rollout).validate()
+    sched = OmegaConf.to_object(cfg.scheduler)
+    sched.validate()
+    if sched.policy == "pilot_commit" and (sched.pilot_samples or cfg.algo.samples_per_prompt // 4) >= max(
+        cfg.algo.samples_per_prompt, 2
+    ):
+        raise ConfigError("scheduler.pilot_samples must be < algo.samples_per_prompt (the rest are committed)")
 
 
 def to_yaml(cfg: Any) -> str:

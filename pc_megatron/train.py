@@ -1,6 +1,7 @@
-"""GRPO training loop (uniform allocation: B prompts x n rollouts per step).
+"""RL training loop. The scheduler decides which prompts get how many rollouts (``grpo``:
+B prompts x n; ``dapo``; ``pilot_commit``: see pc_megatron/scheduler), then one update.
 
-Per step: sample B prompts → the engine generates n completions each → verify rewards →
+Per step: the scheduler asks the engine for completions (one or more calls) → verify rewards →
 the learner recomputes old log-probs (and we log their mismatch with the engine's sampling
 log-probs: with correct weight sync this is float noise) → group advantages → one clipped
 surrogate update → the new weights go to the engine. Held-out accuracy every
@@ -14,6 +15,9 @@ update and the clip matters only with several mini-batches.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import itertools
 import json
 import time
 from pathlib import Path
@@ -25,7 +29,6 @@ from tqdm import tqdm
 
 from pc_megatron.algo.advantages import group_advantages
 from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
-from pc_megatron.data.sampler import PromptSampler
 from pc_megatron.data.task import prepare_task
 from pc_megatron.evaluate import evaluate
 from pc_megatron.learner import Learner
@@ -34,6 +37,7 @@ from pc_megatron.observability import MetricsLog, eval_curve, format_table, plot
 from pc_megatron.rewards import build_reward, score_all
 from pc_megatron.rollout import build_engine
 from pc_megatron.rollout.batch import completions_to_batch, group_stats
+from pc_megatron.scheduler import GenRequest, Group, Sample, Scheduler
 from pc_megatron.warmstart import ensure_warm_start
 
 
@@ -62,8 +66,8 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
     reward = build_reward(cfg.reward)
     learner = Learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed)
     engine = build_engine(OmegaConf.to_object(cfg.rollout), policy_dir)
-    sampler = PromptSampler(len(task.train), seed=cfg.seed)
     B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
+    scheduler = Scheduler(OmegaConf.to_object(cfg.scheduler), len(task.train), B, n, seed=cfg.seed)
     sampling = OmegaConf.to_object(cfg.rollout).sampling()
     loss_cfg = OmegaConf.to_object(cfg.algo.loss)
     ref_logp_needed = loss_cfg.kl_coef > 0
@@ -73,7 +77,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
     state = load_latest(run_dir / "checkpoints") if resume else None
     if state is not None:
         learner.load_state_dict(state["learner"])
-        sampler.load_state_dict(state["sampler"])
+        scheduler.load_state_dict(state["scheduler"])
         loop = state["loop"]
         set_rng_state(state["rng"])
     wall_at_start = loop["wall_s"]
@@ -98,7 +102,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
     def checkpoint(step: int) -> None:
         loop["step"] = step
         loop["wall_s"] = wall_at_start + time.time() - t_start
-        state = {"learner": learner.state_dict(), "sampler": sampler.state_dict(), "loop": loop}
+        state = {"learner": learner.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop}
         save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last)
 
     if state is None:
@@ -114,55 +118,88 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         disable=not cfg.progress,
         dynamic_ncols=True,
     )
-    for step in bar:
-        times: dict[str, float] = {}
-        t_step = time.perf_counter()
-        rows = [task.train[i] for i in sampler.next_batch(B)]
-        prompts = [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in rows]
 
-        with timed(times, "rollout"):
-            completions = engine.generate(prompts, n, sampling, _seed(cfg, step, 0))
-        with timed(times, "reward"):
-            texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-            owners = [rows[c.prompt_index] for c in completions]
-            results = score_all(reward, texts, [r.answer for r in owners], [r.id for r in owners], cfg.reward.timeout_s)
-            rewards = torch.tensor([r.score for r in results])
-            correct = torch.tensor([r.correct for r in results])
+    def update_policy(groups: list[Group], times: dict[str, float]) -> dict:
+        """Old log-probs, advantages over each group, one optimizer step, weight sync."""
+        prompts = [prompt_ids[g.prompt] for g in groups]
+        samples = [s for g in groups for s in g.samples]
+        completions = [dataclasses.replace(s.payload, prompt_index=i) for i, g in enumerate(groups) for s in g.samples]
+        rewards = torch.tensor([s.reward for s in samples])
+        correct = torch.tensor([s.correct for s in samples])
+        group_ids = torch.cat([torch.full((len(g.samples),), i) for i, g in enumerate(groups)])
         with timed(times, "logprob"):
             batch, engine_logp = completions_to_batch(prompts, completions, tokenizer.pad_token_id)
             old_logp = learner.logprobs(batch, sampling.temperature)
             ref_logp = ref_learner.logprobs(batch, sampling.temperature) if ref_learner else None
-        mismatch = (old_logp - engine_logp).abs() * batch.loss_mask
+        # Learner/engine agreement, on rollouts sampled by the current weights (stale pilot
+        # rollouts came from an older policy and differ by design).
+        fresh = torch.tensor([s.policy_version == learner.version for s in samples], dtype=torch.float32)
+        fresh_mask = batch.loss_mask * fresh[:, None]
+        mismatch = (old_logp - engine_logp).abs() * fresh_mask
         with timed(times, "train"):
-            adv = group_advantages(rewards, torch.arange(B).repeat_interleave(n), loss_cfg.normalize_adv_by_std)
+            adv = group_advantages(rewards, group_ids, loss_cfg.normalize_adv_by_std)
             stats = learner.train_rl(batch, old_logp, adv, loss_cfg, sampling.temperature, ref_logp)
         with timed(times, "sync"):
             engine.update_weights(learner.hf_named_tensors())
-
         n_tokens = int(batch.loss_mask.sum())
-        loop["cum_rollouts"] += len(completions)
-        loop["cum_generated_tokens"] += n_tokens
-        row = {
-            "step": step,
-            "policy_version": learner.version,
-            "cum_rollouts": loop["cum_rollouts"],
-            "cum_generated_tokens": loop["cum_generated_tokens"],
+        return {
+            "trained_groups": len(groups),
             "reward_mean": float(rewards.mean()),
             "accuracy": float(correct.float().mean()),
             **group_stats(correct, rewards, n),
             "response_len_mean": n_tokens / len(completions),
             "frac_truncated": sum(c.finish_reason == "length" for c in completions) / len(completions),
-            "logprob_mismatch": float(mismatch.sum() / max(n_tokens, 1)),
+            "logprob_mismatch": float(mismatch.sum() / max(float(fresh_mask.sum()), 1.0)),
             "logprob_mismatch_max": float(mismatch.max()),
             **stats,
         }
+
+    prompt_ids = [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in task.train]
+
+    def engine_generate(step: int, times: dict, calls: list, requests: list[GenRequest]) -> list[list[Sample]]:
+        """One engine call for the scheduler: completions → rewards → Samples. Appends
+        (requests, generated tokens) to ``calls``."""
+        with timed(times, "rollout"):
+            completions = engine.generate(
+                [prompt_ids[r.prompt] for r in requests],
+                [r.n for r in requests],
+                sampling,
+                _seed(cfg, step, 2 + len(calls)),
+            )
+        with timed(times, "reward"):
+            texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+            rows = [task.train[requests[c.prompt_index].prompt] for c in completions]
+            results = score_all(reward, texts, [r.answer for r in rows], [r.id for r in rows], cfg.reward.timeout_s)
+        calls.append((len(requests), sum(len(c.token_ids) for c in completions)))
+        samples = [Sample(r.correct, r.score, learner.version, c) for r, c in zip(results, completions, strict=True)]
+        bounds = [0, *itertools.accumulate(r.n for r in requests)]
+        return [samples[a:b] for a, b in itertools.pairwise(bounds)]
+
+    for step in bar:
+        times: dict[str, float] = {}
+        calls: list[tuple[int, int]] = []
+        t_step = time.perf_counter()
+        generate = functools.partial(engine_generate, step, times, calls)
+        plan = scheduler.next_batch(step, generate, policy_version=learner.version)
+        loop["cum_rollouts"] = scheduler.counts["generated"]
+        loop["cum_generated_tokens"] += sum(tokens for _, tokens in calls)
+        row = {
+            "step": step,
+            "cum_rollouts": loop["cum_rollouts"],
+            "cum_generated_tokens": loop["cum_generated_tokens"],
+            "generate_calls": len(calls),
+            **{f"sched/{k}": v for k, v in plan.stats.items()},
+        }
+        if plan.groups:
+            row.update(update_policy(plan.groups, times))
+        row["policy_version"] = learner.version
         if step % cfg.eval.every_steps == 0 or step == cfg.steps:
             with timed(times, "eval"):
                 row.update(run_eval(step))
         row.update(times)
         row["time_step_s"] = time.perf_counter() - t_step
         metrics.write(row)
-        bar.set_postfix(reward=f"{row['reward_mean']:.2f}", acc=f"{loop['evals'][-1][2]:.3f}")
+        bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.2f}", acc=f"{loop['evals'][-1][2]:.3f}")
         if (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or step == cfg.steps:
             checkpoint(step)
     bar.close()
@@ -182,7 +219,7 @@ def finish(cfg: Any, run_dir: Path, loop: dict, wall_s: float) -> dict:
         "best_eval_accuracy": max(r["eval_accuracy"] for r in evals),
         "cum_rollouts": loop["cum_rollouts"],
         "cum_generated_tokens": loop["cum_generated_tokens"],
-        "max_logprob_mismatch": max((r["logprob_mismatch_max"] for r in steps), default=0.0),
+        "max_logprob_mismatch": max((r.get("logprob_mismatch_max", 0.0) for r in steps), default=0.0),
         "mean_step_s": sum(r["time_step_s"] for r in steps) / max(len(steps), 1),
         "phase_s": {p: sum(r.get(p, 0.0) for r in steps) for p in phases},
         "wall_s": wall_s,

@@ -34,9 +34,11 @@ class Completion:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int) -> list[Completion]:
-        """``n`` completions per prompt, prompt-major (all of prompt 0, then prompt 1, ...).
-        The result is a pure function of (weights, prompts, n, params, seed)."""
+    def generate(
+        self, prompts: list[list[int]], n: int | list[int], params: SamplingParams, seed: int
+    ) -> list[Completion]:
+        """``n`` completions per prompt (or ``n[i]`` for prompt i: a pilot and a commit share
+        one call), prompt-major. A pure function of (weights, prompts, n, params, seed)."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

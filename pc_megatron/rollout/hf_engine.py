@@ -43,8 +43,11 @@ class HFEngine:
             raise KeyError(f"weight update left parameters unset: {sorted(missing)[:5]}")
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int) -> list[Completion]:
-        rows = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]
+    def generate(
+        self, prompts: list[list[int]], n: int | list[int], params: SamplingParams, seed: int
+    ) -> list[Completion]:
+        counts = [n] * len(prompts) if isinstance(n, int) else n
+        rows = [(i, p) for i, (p, k) in enumerate(zip(prompts, counts, strict=True)) for _ in range(k)]
         gen = torch.Generator(device=self.device).manual_seed(seed)
         out: list[Completion] = []
         for start in range(0, len(rows), self.max_batch_size):

@@ -57,6 +57,18 @@ class SchedulerConfig:
     max_rounds: int = 10
     """Generate rounds per batch before training on what there is."""
 
+    def validate(self) -> None:
+        from pc_megatron.errors import ConfigError
+
+        if self.policy not in POLICIES:
+            raise ConfigError(f"scheduler.policy: '{self.policy}' is not one of {', '.join(POLICIES)}")
+        if self.selection not in ("random", "max_variance"):
+            raise ConfigError(f"scheduler.selection: '{self.selection}' is not one of random, max_variance")
+        if not 0 <= self.p_lower <= self.p_upper <= 1 or not 0 < self.p_evict <= 1:
+            raise ConfigError("scheduler: need 0 <= p_lower <= p_upper <= 1 and 0 < p_evict <= 1")
+        if self.gen_prompts_multiplier < 1 or self.max_rounds < 1 or self.max_off_steps < 0:
+            raise ConfigError("scheduler: gen_prompts_multiplier and max_rounds must be >= 1, max_off_steps >= 0")
+
 
 @dataclass
 class GenRequest:
