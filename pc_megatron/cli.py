@@ -66,6 +66,14 @@ def _warmstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from pc_megatron.compare import compare
+
+    recipe, overrides = _recipe_and_overrides(args)
+    compare(recipe, overrides, Path(args.out), tuple(args.methods), args.target)
+    return 0
+
+
 def _recipe_and_overrides(args: argparse.Namespace) -> tuple[str, list[str]]:
     recipe, overrides = args.recipe or "tiny", list(args.overrides)
     if "=" in recipe:  # `pc-megatron CMD key=value ...` with the default recipe
@@ -94,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     p_ws.add_argument("overrides", nargs="*")
     p_ws.add_argument("--ship", action="store_true", help="copy it into the package's shipped warm-starts")
     p_ws.set_defaults(func=_warmstart)
+    p_cmp = sub.add_parser("compare", help="run grpo, dapo and pilot_commit on one recipe; rollouts to target")
+    p_cmp.add_argument("recipe", nargs="?")
+    p_cmp.add_argument("overrides", nargs="*")
+    p_cmp.add_argument("--out", required=True, metavar="DIR", help="output folder (one run directory per method)")
+    p_cmp.add_argument("--methods", nargs="+", default=["grpo", "dapo", "pilot_commit"])
+    p_cmp.add_argument("--target", type=float, help="held-out accuracy target (default: GRPO's best)")
+    p_cmp.set_defaults(func=_compare)
     p_cfg = sub.add_parser("config", help="config tools")
     cfg_sub = p_cfg.add_subparsers(dest="config_command", required=True)
     p_show = cfg_sub.add_parser("show", help="print the resolved config")

@@ -148,3 +148,16 @@ def test_allocation_policies_run_end_to_end_and_resume_exactly(policy, cache_dir
     train(resumed_cfg, tmp_path / "cut", resume=True)
     for a, b in zip(rows, read_metrics(tmp_path / "cut"), strict=True):
         assert comparable(a) == comparable(b), f"step {a['step']} differs"
+
+
+def test_compare_writes_json_markdown_and_plot(cache_dir, tmp_path):
+    from pc_megatron.compare import compare
+
+    result = compare("tiny", [*SMALL, "steps=2", "scheduler.p_lower=0.0"], tmp_path / "cmp")
+    assert set(result["methods"]) == {"grpo", "dapo", "pilot_commit"}
+    grpo = result["methods"]["grpo"]
+    assert result["target_eval_accuracy"] == grpo["peak_eval_accuracy"]
+    assert grpo["rollouts_to_target"] is not None  # GRPO reaches its own best by definition
+    for name in ("compare.json", "compare.md", "compare.png"):
+        assert (tmp_path / "cmp" / name).stat().st_size > 100
+    assert "pilot_commit_vs_grpo" in json.loads((tmp_path / "cmp" / "compare.json").read_text())
