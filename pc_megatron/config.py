@@ -212,9 +212,7 @@ def validate(cfg: Any) -> None:
     OmegaConf.to_object(cfg.rollout).validate()
     sched = OmegaConf.to_object(cfg.scheduler)
     sched.validate()
-    if sched.policy == "pilot_commit" and (sched.pilot_samples or cfg.algo.samples_per_prompt // 4) >= max(
-        cfg.algo.samples_per_prompt, 2
-    ):
+    if sched.pilot_samples >= cfg.algo.samples_per_prompt:
         raise ConfigError("scheduler.pilot_samples must be < algo.samples_per_prompt (the rest are committed)")
 
 

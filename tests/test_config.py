@@ -25,6 +25,8 @@ def test_recipes_load_and_overrides_apply():
         ("rollout.backend=sglang", "rollout.backend: 'sglang' is not available"),
         ("data.synthetic.mix.div9=1", "unknown family ['div9']"),
         ("learner.tensor_parallel_size=2", "not supported yet"),
+        ("scheduler.policy=ppo", "scheduler.policy: 'ppo' is not one of"),
+        ("scheduler.pilot_samples=8", "scheduler.pilot_samples must be < algo.samples_per_prompt"),
     ],
 )
 def test_bad_config_fails_naming_the_key(override, expected):

@@ -162,7 +162,11 @@ def test_grpo_is_uniform_and_dapo_drops_degenerate_groups():
 
 
 def test_bad_config_is_rejected():
-    with pytest.raises(ValueError, match="policy must be one of"):
+    from pc_megatron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="scheduler.policy: 'ppo' is not one of grpo, dapo, pilot_commit"):
         Scheduler(SchedulerConfig(policy="ppo"), 10, 2, 8, 0)
-    with pytest.raises(ValueError, match="no commit samples"):
+    with pytest.raises(ConfigError, match="leaves no commit samples"):
         Scheduler(SchedulerConfig(policy="pilot_commit", pilot_samples=8), 10, 2, 8, 0)
+    with pytest.raises(ConfigError, match="p_lower <= p_upper"):
+        Scheduler(SchedulerConfig(p_lower=0.9, p_upper=0.1), 10, 2, 8, 0)

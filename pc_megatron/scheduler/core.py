@@ -119,15 +119,17 @@ class Scheduler:
     def __init__(
         self, cfg: SchedulerConfig, num_prompts: int, prompts_per_step: int, samples_per_prompt: int, seed: int
     ):
-        if cfg.policy not in POLICIES:
-            raise ValueError(f"scheduler.policy must be one of {POLICIES}, got {cfg.policy!r}")
-        if cfg.selection not in ("random", "max_variance"):
-            raise ValueError(f"scheduler.selection must be 'random' or 'max_variance', got {cfg.selection!r}")
+        cfg.validate()
         self.cfg, self.N, self.B, self.n, self.seed = cfg, num_prompts, prompts_per_step, samples_per_prompt, seed
         self.n_p = cfg.pilot_samples or max(1, samples_per_prompt // 4)
         self.n_c = samples_per_prompt - self.n_p
         if cfg.policy == "pilot_commit" and self.n_c < 1:
-            raise ValueError(f"pilot_samples={self.n_p} leaves no commit samples of n={samples_per_prompt}")
+            from pc_megatron.errors import ConfigError
+
+            raise ConfigError(
+                f"scheduler.pilot_samples={self.n_p} leaves no commit samples of n={samples_per_prompt}; "
+                "make it smaller than algo.samples_per_prompt"
+            )
         self.capacity = cfg.buffer_capacity or 4 * prompts_per_step
         self.epoch, self.cursor = 0, 0
         self.state: dict[int, str] = dict.fromkeys(range(num_prompts), "fresh")  # fresh|buffered|used|evicted
