@@ -95,5 +95,6 @@ def to_markdown(result: dict) -> str:
         )
     for key in ("pilot_commit_vs_grpo", "pilot_commit_vs_dapo"):
         if key in result:
-            lines.append(f"\n{key} (rollouts to target): {_fmt(result[key], '.2f')}x")
+            value = "target not reached" if result[key] is None else f"{result[key]:.2f}x"
+            lines.append(f"\n{key} (rollouts to target): {value}")
     return "\n".join(lines) + "\n"
