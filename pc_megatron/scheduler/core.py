@@ -45,7 +45,7 @@ class SchedulerConfig:
     p_upper: float = 0.75
     """Keep pilots with p̂ <= p_upper (inclusive); above: skipped this epoch."""
     p_evict: float = 1.0
-    """Evict permanently at p̂ >= p_evict (1.0 = all pilot samples correct)."""
+    """Evict permanently at p̂ >= p_evict (1.0 = all pilot samples correct; > 1 = never evict)."""
     buffer_capacity: int = 0
     """Replay-buffer size cap, enforced after each round (oldest dropped first); 0 = 4 x B."""
     max_off_steps: int = 4
@@ -64,8 +64,8 @@ class SchedulerConfig:
             raise ConfigError(f"scheduler.policy: '{self.policy}' is not one of {', '.join(POLICIES)}")
         if self.selection not in ("random", "max_variance"):
             raise ConfigError(f"scheduler.selection: '{self.selection}' is not one of random, max_variance")
-        if not 0 <= self.p_lower <= self.p_upper <= 1 or not 0 < self.p_evict <= 1:
-            raise ConfigError("scheduler: need 0 <= p_lower <= p_upper <= 1 and 0 < p_evict <= 1")
+        if not 0 <= self.p_lower <= self.p_upper <= 1 or self.p_evict <= self.p_upper:
+            raise ConfigError("scheduler: need 0 <= p_lower <= p_upper <= 1 and p_evict > p_upper (> 1: never evict)")
         if self.gen_prompts_multiplier < 1 or self.max_rounds < 1 or self.max_off_steps < 0:
             raise ConfigError("scheduler: gen_prompts_multiplier and max_rounds must be >= 1, max_off_steps >= 0")
 
