@@ -132,7 +132,7 @@ def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
     out = []
     for f in fields(cls):
         key = f"{prefix}{f.name}"
-        if is_dataclass(f.type) or (isinstance(f.default_factory, type) and is_dataclass(f.default_factory)):
+        if isinstance(f.default_factory, type) and is_dataclass(f.default_factory):
             out.extend(_leaf_keys(f.default_factory, key + "."))  # type: ignore[arg-type]
         else:
             out.append(key)

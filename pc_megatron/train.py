@@ -73,7 +73,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
     ref_logp_needed = loss_cfg.kl_coef > 0
     ref_learner = Learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed) if ref_logp_needed else None
 
-    loop = {"step": 0, "cum_rollouts": 0, "cum_generated_tokens": 0, "evals": [], "wall_s": 0.0}
+    loop = {"step": 0, "cum_generated_tokens": 0, "last_eval_accuracy": float("nan"), "wall_s": 0.0}
     state = load_latest(run_dir / "checkpoints") if resume else None
     if state is not None:
         learner.load_state_dict(state["learner"])
@@ -96,7 +96,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
             _seed(cfg, step, 1),
             cfg.reward.timeout_s,
         )
-        loop["evals"].append((step, loop["cum_rollouts"], acc))
+        loop["last_eval_accuracy"] = acc
         return {"eval_accuracy": acc, **{f"eval_accuracy/{k}": v for k, v in per_family.items()}}
 
     def checkpoint(step: int) -> None:
@@ -112,7 +112,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
 
     bar = tqdm(
         range(loop["step"] + 1, cfg.steps + 1),
-        desc="GRPO",
+        desc=cfg.scheduler.policy,
         initial=loop["step"],
         total=cfg.steps,
         disable=not cfg.progress,
@@ -181,11 +181,10 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         t_step = time.perf_counter()
         generate = functools.partial(engine_generate, step, times, calls)
         plan = scheduler.next_batch(step, generate, policy_version=learner.version)
-        loop["cum_rollouts"] = scheduler.counts["generated"]
         loop["cum_generated_tokens"] += sum(tokens for _, tokens in calls)
         row = {
             "step": step,
-            "cum_rollouts": loop["cum_rollouts"],
+            "cum_rollouts": scheduler.counts["generated"],
             "cum_generated_tokens": loop["cum_generated_tokens"],
             "generate_calls": len(calls),
             **{f"sched/{k}": v for k, v in plan.stats.items()},
@@ -199,7 +198,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         row.update(times)
         row["time_step_s"] = time.perf_counter() - t_step
         metrics.write(row)
-        bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.2f}", acc=f"{loop['evals'][-1][2]:.3f}")
+        bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.2f}", acc=f"{loop['last_eval_accuracy']:.3f}")
         if (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or step == cfg.steps:
             checkpoint(step)
     bar.close()
@@ -217,7 +216,7 @@ def finish(cfg: Any, run_dir: Path, loop: dict, wall_s: float) -> dict:
         "initial_eval_accuracy": evals[0]["eval_accuracy"],
         "final_eval_accuracy": evals[-1]["eval_accuracy"],
         "best_eval_accuracy": max(r["eval_accuracy"] for r in evals),
-        "cum_rollouts": loop["cum_rollouts"],
+        "cum_rollouts": rows[-1]["cum_rollouts"],
         "cum_generated_tokens": loop["cum_generated_tokens"],
         "max_logprob_mismatch": max((r.get("logprob_mismatch_max", 0.0) for r in steps), default=0.0),
         "mean_step_s": sum(r["time_step_s"] for r in steps) / max(len(steps), 1),

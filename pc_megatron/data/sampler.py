@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 
+def epoch_permutation(num_rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of epoch ``epoch``: a pure function of (seed, epoch), shared by every sampler."""
+    return np.random.default_rng([seed, epoch]).permutation(num_rows)
+
+
 class PromptSampler:
     """Yields prompt indices in a fresh seeded permutation each epoch.
 
@@ -20,13 +25,10 @@ class PromptSampler:
         self.epoch = 0
         self.position = 0
 
-    def _perm(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
-
     def next_batch(self, size: int) -> list[int]:
         out: list[int] = []
         while len(out) < size:
-            perm = self._perm(self.epoch)
+            perm = epoch_permutation(self.num_rows, self.seed, self.epoch)
             take = min(size - len(out), self.num_rows - self.position)
             out.extend(int(i) for i in perm[self.position : self.position + take])
             self.position += take

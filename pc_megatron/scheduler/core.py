@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from pc_megatron.data.sampler import epoch_permutation
 
 POLICIES = ("grpo", "dapo", "pilot_commit")
 
@@ -157,8 +157,7 @@ class Scheduler:
     def _order(self, epoch: int) -> list[int]:
         """The epoch's prompt order: a pure function of (seed, epoch), computed once per epoch."""
         if self._order_cache[0] != epoch:
-            order = np.random.default_rng([self.seed, epoch]).permutation(self.N).tolist()
-            self._order_cache = (epoch, order)
+            self._order_cache = (epoch, epoch_permutation(self.N, self.seed, epoch).tolist())
         return self._order_cache[1]
 
     def _new_epoch(self, drawn_now: list[int]) -> None:
@@ -210,7 +209,6 @@ class Scheduler:
             "groups": len(batch.groups),
             "rounds": batch.rounds,
             "buffer_size": len(self.buffer),
-            "pool_evicted": self.counts["evicted"],
             "epoch": self.epoch,
             "max_policy_lag": max(lags, default=0),
             "mean_policy_lag": sum(lags) / len(lags) if lags else 0.0,
