@@ -20,13 +20,24 @@ from pc_megatron.train import train
 METHODS = ("grpo", "dapo", "pilot_commit")
 
 
+def degenerate_at_start(first: dict) -> float | None:
+    """Fraction of the groups generated at the first update whose rewards are all equal: the
+    full n-sample groups (GRPO, DAPO), else the n_p-sample pilots (Pilot-Commit; a small pilot is
+    degenerate more often than an n-sample group of the same prompt)."""
+    for phase in ("full", "pilot"):
+        groups = first.get(f"sched/step_groups_{phase}", 0)
+        if groups:
+            return first[f"sched/step_degenerate_{phase}"] / groups
+    return None
+
+
 def summarize(rows: list[dict], target: float) -> dict[str, Any]:
     """Per-method figures from its metrics rows."""
     wall = list(itertools.accumulate(r.get("time_step_s", 0.0) for r in rows))
     evals = [(r, w) for r, w in zip(rows, wall, strict=True) if "eval_accuracy" in r]
     hit = next(((r, w) for r, w in evals if r["eval_accuracy"] >= target), None)
     updates = [r for r in rows if "frac_all_correct" in r]
-    first = updates[0] if updates else {}
+    first = next((r for r in rows if r.get("step", 0) >= 1), {})
     return {
         "rollouts_to_target": hit[0]["cum_rollouts"] if hit else None,
         "wall_s_to_target": hit[1] if hit else None,
@@ -36,7 +47,7 @@ def summarize(rows: list[dict], target: float) -> dict[str, Any]:
         "initial_eval_accuracy": evals[0][0]["eval_accuracy"],
         "cum_rollouts": rows[-1]["cum_rollouts"],
         "mean_group_std": sum(r["mean_group_std"] for r in updates) / max(len(updates), 1),
-        "degenerate_frac_start": first.get("frac_all_correct", 0.0) + first.get("frac_all_wrong", 0.0),
+        "degenerate_frac_start": degenerate_at_start(first),
         "updates": len(updates),
     }
 
@@ -91,7 +102,7 @@ def to_markdown(result: dict) -> str:
         lines.append(
             f"| {m} | {_fmt(s['rollouts_to_target'], ',')} | {_fmt(s['wall_s_to_target'], '.0f')} | "
             f"{s['peak_eval_accuracy']:.3f} | {s['final_eval_accuracy']:.3f} | {s['mean_group_std']:.3f} | "
-            f"{s['degenerate_frac_start']:.2f} |"
+            f"{_fmt(s['degenerate_frac_start'], '.2f')} |"
         )
     for key in ("pilot_commit_vs_grpo", "pilot_commit_vs_dapo"):
         if key in result:

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from pc_megatron.algo.loss import LossConfig
-from pc_megatron.data.synthetic import SyntheticTaskConfig, validate_mix
+from pc_megatron.data.synthetic import SyntheticTaskConfig, validate_mix, validate_pool
 from pc_megatron.errors import ConfigError
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.tiny import TinyModelConfig
@@ -208,6 +208,9 @@ def validate(cfg: Any) -> None:
         raise ConfigError("data.eval_path is required when data.train_path is set (held-out accuracy needs it)")
     if not cfg.data.train_path:
         validate_mix(dict(cfg.data.synthetic.mix))
+        validate_pool(cfg.data.synthetic.pool, list(cfg.data.synthetic.easy_pass_band))
+    elif cfg.data.synthetic.pool != "hard":
+        raise ConfigError("data.synthetic.pool selects a pool of the embedded task: unset it with data.train_path")
     OmegaConf.to_object(cfg.learner).validate()
     OmegaConf.to_object(cfg.rollout).validate()
     sched = OmegaConf.to_object(cfg.scheduler)

@@ -34,6 +34,7 @@ from pc_megatron.evaluate import evaluate
 from pc_megatron.learner import Learner
 from pc_megatron.model.tiny import load_tokenizer
 from pc_megatron.observability import MetricsLog, eval_curve, format_table, plot_accuracy, read_metrics
+from pc_megatron.pools import select_pool
 from pc_megatron.rewards import build_reward, score_all
 from pc_megatron.rollout import build_engine
 from pc_megatron.rollout.batch import completions_to_batch, group_stats
@@ -62,6 +63,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
 
     task = prepare_task(cfg)
     policy_dir = ensure_warm_start(cfg, task, progress=cfg.progress)
+    task = select_pool(cfg, task, policy_dir, progress=cfg.progress)
     tokenizer = load_tokenizer(policy_dir)
     reward = build_reward(cfg.reward)
     learner = Learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed)

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from pc_megatron.checkpoint import export_hf
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.data.sampler import PromptSampler
+from pc_megatron.data.synthetic import split_fields
 from pc_megatron.data.task import Task, cache_root, config_hash
 from pc_megatron.errors import ConfigError
 from pc_megatron.learner import Learner, TokenBatch
@@ -58,7 +59,8 @@ def warm_start_key(cfg: Any) -> str:
     """Hash of everything that determines the warm-start (portable: no machine paths)."""
     model = cfg.model.path or cfg.model.tiny
     ws = {k: v for k, v in OmegaConf.to_container(cfg.warmstart).items() if k != "cache_dir"}
-    return config_hash(WARMSTART_FORMAT, model, ws, cfg.data.synthetic, cfg.learner.micro_batch_size)
+    syn = split_fields(OmegaConf.to_object(cfg.data.synthetic))  # the RL pool does not change the SFT rows
+    return config_hash(WARMSTART_FORMAT, model, ws, syn, cfg.learner.micro_batch_size)
 
 
 def initial_policy_dir(cfg: Any) -> Path:

@@ -27,6 +27,8 @@ def test_recipes_load_and_overrides_apply():
         ("learner.tensor_parallel_size=2", "not supported yet"),
         ("scheduler.policy=ppo", "scheduler.policy: 'ppo' is not one of"),
         ("scheduler.pilot_samples=8", "scheduler.pilot_samples must be < algo.samples_per_prompt"),
+        ("data.synthetic.pool=medium", "data.synthetic.pool: unknown pool 'medium'; valid pools: hard, easy"),
+        ("data.synthetic.easy_pass_band=[0.8,0.2]", "data.synthetic.easy_pass_band must be [low, high]"),
     ],
 )
 def test_bad_config_fails_naming_the_key(override, expected):
@@ -68,3 +70,5 @@ def test_default_recipe_uses_the_shipped_warm_start():
     path = initial_policy_dir(load_config("tiny"))
     assert path.parent == SHIPPED and (path / "model.safetensors").is_file()
     assert load_arch(path).hidden_size == 256
+    # the RL pool does not change the SFT rows, so both pools start from the shipped warm-start
+    assert initial_policy_dir(load_config("tiny", ["data.synthetic.pool=easy"])) == path

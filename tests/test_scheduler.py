@@ -161,6 +161,24 @@ def test_grpo_is_uniform_and_dapo_drops_degenerate_groups():
         assert all(len({s.reward for s in g.samples}) > 1 for g in b.groups)
 
 
+def test_degenerate_groups_are_counted_per_phase():
+    """compare.json's "degenerate at start" comes from these counters: a group whose rewards are
+    all equal, counted over full groups (GRPO, DAPO) and pilots (Pilot-Commit) separately."""
+    for policy, phase in (("grpo", "full"), ("dapo", "full"), ("pilot_commit", "pilot")):
+        sched, oracle, _ = run(SchedulerConfig(policy=policy), 4)
+        groups = degenerate = 0
+        for call in oracle.requests:
+            for prompt, _n, ph, _ in call:
+                if ph == phase:
+                    groups += 1
+                    degenerate += oracle.p[prompt] in (0.0, 1.0)
+        assert sched.counts[f"groups_{phase}"] == groups > 0
+        # p in {0, 1} is always degenerate; p in (0, 1) sometimes is, by chance
+        assert sched.counts[f"degenerate_{phase}"] >= degenerate
+        other = "pilot" if phase == "full" else "full"
+        assert sched.counts[f"groups_{other}"] == 0
+
+
 def test_bad_config_is_rejected():
     from pc_megatron.errors import ConfigError
 

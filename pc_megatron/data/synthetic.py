@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from pc_megatron.data.dataset import PromptRow
 
@@ -75,6 +75,31 @@ class SyntheticTaskConfig:
         }
     )
     """Relative weight of each problem family (see FAMILIES)."""
+    pool: str = "hard"
+    """RL training pool. ``hard``: the train split as drawn from ``mix`` (about half the groups
+    start degenerate, the paper's regime). ``easy``: prompts from ``mix`` whose pass rate under
+    the initial policy lies in ``easy_pass_band`` (few degenerate groups; pc_megatron/pools.py).
+    The held-out and SFT splits, hence the warm-start, are the same for both."""
+    easy_pass_band: list[float] = field(default_factory=lambda: [0.2, 0.8])
+    """``[low, high]``: the initial policy's pass rate of every ``easy`` pool prompt."""
+
+
+POOLS = ("hard", "easy")
+POOL_FIELDS = ("pool", "easy_pass_band")  # select the RL pool; do not change the base splits
+
+
+def split_fields(cfg: SyntheticTaskConfig) -> dict:
+    """The fields that determine generate_splits (and so the SFT rows and the warm-start)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in POOL_FIELDS}
+
+
+def validate_pool(pool: str, band: list[float]) -> None:
+    from pc_megatron.errors import ConfigError
+
+    if pool not in POOLS:
+        raise ConfigError(f"data.synthetic.pool: unknown pool {pool!r}; valid pools: {', '.join(POOLS)}")
+    if len(band) != 2 or not 0 <= band[0] <= band[1] <= 1:
+        raise ConfigError(f"data.synthetic.easy_pass_band must be [low, high] with 0 <= low <= high <= 1 (got {band})")
 
 
 def validate_mix(mix: dict[str, float]) -> None:
@@ -113,7 +138,16 @@ def generate_splits(cfg: SyntheticTaskConfig) -> dict[str, list[PromptRow]]:
     train_rows = _draw(rng, cfg.mix, cfg.num_train, set(taken))
     sft_rows = _draw(rng, cfg.mix, cfg.num_sft, set(taken))
 
-    def named(rows: list[PromptRow], split: str) -> list[PromptRow]:
-        return [PromptRow(f"{split}-{i}", r.prompt, r.answer, r.meta) for i, r in enumerate(rows)]
+    return {"train": _named(train_rows, "train"), "eval": _named(eval_rows, "eval"), "sft": _named(sft_rows, "sft")}
 
-    return {"train": named(train_rows, "train"), "eval": named(eval_rows, "eval"), "sft": named(sft_rows, "sft")}
+
+def _named(rows: list[PromptRow], split: str) -> list[PromptRow]:
+    return [PromptRow(f"{split}-{i}", r.prompt, r.answer, r.meta) for i, r in enumerate(rows)]
+
+
+def pool_candidates(cfg: SyntheticTaskConfig, count: int, exclude: set[str], chunk: int) -> list[PromptRow]:
+    """Chunk ``chunk`` (0, 1, ...) of a stream of distinct candidate prompts drawn from ``mix``,
+    none in ``exclude``; a pure function of (seed, chunk, exclude). Empty when the prompt space
+    is exhausted."""
+    rows = _draw(random.Random(f"{cfg.seed}/candidates/{chunk}"), cfg.mix, count, set(exclude))
+    return _named(rows, f"cand{chunk}")

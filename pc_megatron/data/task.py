@@ -5,14 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
-from pc_megatron.data.synthetic import generate_splits
+from pc_megatron.data.synthetic import generate_splits, split_fields
 
 
 @dataclass
@@ -39,7 +39,7 @@ def prepare_task(cfg: Any) -> Task:
         sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.enabled and cfg.warmstart.data_path else []
         return Task(train, held_out, sft)
     syn = OmegaConf.to_object(cfg.data.synthetic)
-    folder = cache_root(cfg.warmstart.cache_dir) / "tasks" / config_hash(asdict(syn))
+    folder = cache_root(cfg.warmstart.cache_dir) / "tasks" / config_hash(split_fields(syn))
     if not all((folder / f"{s}.jsonl").is_file() for s in ("train", "eval", "sft")):
         for split, rows in generate_splits(syn).items():
             write_jsonl(rows, folder / f"{split}.jsonl")

@@ -149,6 +149,10 @@ class Scheduler:
                 "evicted",
                 "deferred",
                 "skipped_easy",
+                "groups_full",
+                "degenerate_full",
+                "groups_pilot",
+                "degenerate_pilot",
             ),
             0,
         )
@@ -225,6 +229,9 @@ class Scheduler:
             self.counts["generated"] += req.n
             if req.phase in ("pilot", "commit"):
                 self.counts[f"generated_{req.phase}"] += req.n
+            if req.phase in ("full", "pilot"):  # a degenerate group: every reward equal, zero advantage
+                self.counts[f"groups_{req.phase}"] += 1
+                self.counts[f"degenerate_{req.phase}"] += len({s.reward for s in samples}) == 1
         return results
 
     def _grpo(self, generate: GenerateFn) -> Batch:

@@ -1,0 +1,90 @@
+"""RL prompt pools of the embedded task, chosen by the initial policy's pass rate.
+
+``data.synthetic.pool=hard`` trains on the train split as drawn: about half of the groups start
+degenerate (all-correct or all-wrong), the regime of the paper. ``easy`` trains on prompts from
+the same families whose pass rate under the initial policy (the warm-start) lies in
+``data.synthetic.easy_pass_band``, so few groups are degenerate and uniform allocation wastes
+little. Difficulty filtering of a prompt set with the starting model is a common curation step;
+here it makes the regime in which Pilot-Commit should *not* help.
+
+The pass rate is exact rather than sampled: with a character-level tokenizer and the exact-match
+reward, a sampled completion is correct when it spells the answer and then EOS, and the
+probability of that is one teacher-forced forward pass. Other correct spellings (a leading zero,
+surrounding spaces) are ignored, so the figure is a slight under-estimate. It is taken at
+``rollout.temperature`` with no top-p truncation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
+from pc_megatron.data.synthetic import pool_candidates, split_fields
+from pc_megatron.data.task import Task, cache_root, config_hash
+from pc_megatron.errors import ConfigError
+from pc_megatron.model.tiny import load_tokenizer
+from pc_megatron.warmstart import sft_batch, warm_start_key
+
+POOL_FORMAT = 1  # bump when the selection changes, to invalidate cached pools
+MAX_CHUNKS = 8  # candidate chunks of 4 x num_train prompts before giving up
+
+
+@torch.no_grad()
+def answer_pass_rates(model_dir: str | Path, rows: list[PromptRow], temperature: float, batch_size: int = 1024):
+    """``P(answer + EOS | prompt)`` for each row under the HF model at ``model_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    out: list[float] = []
+    for start in range(0, len(rows), batch_size):
+        batch = sft_batch(tokenizer, rows[start : start + batch_size])
+        logits = model(input_ids=batch.tokens).logits[:, :-1].float() / temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.tokens[:, 1:, None]).squeeze(-1)
+        out += (logp * batch.loss_mask).sum(1).exp().tolist()
+    return out
+
+
+def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -> Task:
+    """``task`` with its train split replaced by the configured pool (cached by everything that
+    determines it). The held-out and SFT splits are unchanged."""
+    if cfg.data.train_path or cfg.data.synthetic.pool == "hard":
+        return task
+    syn = OmegaConf.to_object(cfg.data.synthetic)
+    lo, hi = syn.easy_pass_band
+    key = config_hash(POOL_FORMAT, split_fields(syn), syn.pool, [lo, hi], warm_start_key(cfg), cfg.rollout.temperature)
+    path = cache_root(cfg.warmstart.cache_dir) / "pools" / key / "train.jsonl"
+    if path.is_file():
+        return Task(load_rows(path), task.eval, task.sft)
+
+    exclude = {r.prompt for r in task.eval}  # the held-out split stays held out
+    chosen: list[PromptRow] = []
+    seen = 0
+    for chunk in range(MAX_CHUNKS):
+        candidates = pool_candidates(syn, 4 * syn.num_train, exclude, chunk)
+        if not candidates:
+            break
+        rates = answer_pass_rates(policy_dir, candidates, cfg.rollout.temperature)
+        seen += len(candidates)
+        for row, rate in zip(candidates, rates, strict=True):
+            exclude.add(row.prompt)
+            if lo <= rate <= hi:
+                chosen.append(PromptRow(row.id, row.prompt, row.answer, {**row.meta, "initial_pass_rate": rate}))
+        if progress:
+            print(f"easy pool: {min(len(chosen), syn.num_train)}/{syn.num_train} prompts in [{lo}, {hi}] "
+                  f"from {seen} candidates", flush=True)
+        if len(chosen) >= syn.num_train:
+            break
+    if len(chosen) < syn.num_train:
+        raise ConfigError(
+            f"data.synthetic.pool=easy: only {len(chosen)} of {seen} candidate prompts have an initial pass rate "
+            f"in [{lo}, {hi}], {syn.num_train} needed: widen data.synthetic.easy_pass_band or lower "
+            "data.synthetic.num_train"
+        )
+    rows = [PromptRow(f"train-{i}", r.prompt, r.answer, r.meta) for i, r in enumerate(chosen[: syn.num_train])]
+    write_jsonl(rows, path)
+    return Task(rows, task.eval, task.sft)

@@ -1,0 +1,63 @@
+"""The ``easy`` RL pool: chosen by the initial policy's exact pass rate, held-out and SFT unchanged."""
+
+import math
+
+import torch
+from test_train_integration import SMALL
+
+from pc_megatron.config import load_config
+from pc_megatron.data.dataset import PromptRow
+from pc_megatron.data.task import prepare_task
+from pc_megatron.pools import answer_pass_rates, select_pool
+from pc_megatron.rewards import build_reward, score_all
+from pc_megatron.rollout import build_engine
+from pc_megatron.rollout.base import RolloutConfig
+from pc_megatron.warmstart import ensure_warm_start, initial_policy_dir
+
+
+def test_exact_pass_rate_matches_sampling():
+    """P(answer + EOS) from one forward pass equals the sampled pass rate of the engine, within
+    binomial noise (it ignores rare other correct spellings, so it may only be slightly lower)."""
+    cfg = load_config("tiny")
+    policy = initial_policy_dir(cfg)  # the shipped warm-start: pass rates well inside (0, 1)
+    rows = [PromptRow(str(i), p, a) for i, (p, a) in enumerate([("58+37=", "95"), ("83-46=", "37"), ("7*8=", "56")])]
+    exact = answer_pass_rates(policy, rows, temperature=1.0)
+    from pc_megatron.model.tiny import load_tokenizer
+
+    tok = load_tokenizer(policy)
+    engine = build_engine(RolloutConfig(temperature=1.0, max_new_tokens=8), policy)
+    k = 400
+    comps = engine.generate(
+        [tok(r.prompt, add_special_tokens=False)["input_ids"] for r in rows], k, RolloutConfig().sampling(), seed=0
+    )
+    texts = tok.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
+    owners = [rows[c.prompt_index] for c in comps]
+    results = score_all(
+        build_reward(load_config("tiny").reward), texts, [r.answer for r in owners], [r.id for r in owners], 5.0
+    )
+    sampled = [sum(res.correct for res, o in zip(results, owners, strict=True) if o is r) / k for r in rows]
+    assert any(0.05 < p < 0.95 for p in exact), exact  # the check below is not vacuous
+    for p, s in zip(exact, sampled, strict=True):
+        assert abs(s - p) <= 4 * math.sqrt(max(p * (1 - p), 0.01) / k), (exact, sampled)
+
+
+def test_easy_pool_keeps_held_out_and_sft_and_filters_train(cache_dir):
+    hard_cfg = load_config("tiny", SMALL)
+    hard = prepare_task(hard_cfg)
+    policy = ensure_warm_start(hard_cfg, hard, progress=False)
+    rates = sorted(answer_pass_rates(policy, hard.train, hard_cfg.rollout.temperature))
+    lo, hi = rates[len(rates) // 4], rates[3 * len(rates) // 4]  # a band the hard pool half fills
+    easy_cfg = load_config("tiny", [*SMALL, "data.synthetic.pool=easy", f"data.synthetic.easy_pass_band=[{lo},{hi}]"])
+    task = prepare_task(easy_cfg)
+    assert ensure_warm_start(easy_cfg, task, progress=False) == policy
+    easy = select_pool(easy_cfg, task, policy, progress=False)
+    assert easy.eval == hard.eval and easy.sft == hard.sft
+    assert len(easy.train) == len(hard.train) == easy_cfg.data.synthetic.num_train
+    assert len({r.prompt for r in easy.train}) == len(easy.train)
+    assert not {r.prompt for r in easy.train} & {r.prompt for r in easy.eval}
+    recomputed = answer_pass_rates(policy, easy.train, easy_cfg.rollout.temperature)
+    assert all(lo - 1e-6 <= p <= hi + 1e-6 for p in recomputed)
+    stored = torch.tensor([r.meta["initial_pass_rate"] for r in easy.train])
+    torch.testing.assert_close(stored, torch.tensor(recomputed), rtol=1e-4, atol=1e-6)
+    assert select_pool(easy_cfg, task, policy, progress=False).train == easy.train  # cached, same rows
+    assert select_pool(hard_cfg, hard, policy, progress=False) is hard
