@@ -202,6 +202,8 @@ def validate(cfg: Any) -> None:
     loss = cfg.algo.loss
     if not (0 <= loss.clip_low < 1 and loss.clip_high >= 0):
         raise ConfigError("algo.loss.clip_low must be in [0, 1) and clip_high >= 0")
+    if loss.tis_cap != 0 and loss.tis_cap < 1:
+        raise ConfigError(f"algo.loss.tis_cap must be 0 (off) or >= 1 (got {loss.tis_cap}); 2.0 is a common cap")
     if cfg.eval.temperature == 0 and cfg.eval.samples_per_prompt != 1:
         raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
     if cfg.data.train_path and not cfg.data.eval_path:

@@ -75,8 +75,11 @@ def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -
             if lo <= rate <= hi:
                 chosen.append(PromptRow(row.id, row.prompt, row.answer, {**row.meta, "initial_pass_rate": rate}))
         if progress:
-            print(f"easy pool: {min(len(chosen), syn.num_train)}/{syn.num_train} prompts in [{lo}, {hi}] "
-                  f"from {seen} candidates", flush=True)
+            print(
+                f"easy pool: {min(len(chosen), syn.num_train)}/{syn.num_train} prompts in [{lo}, {hi}] "
+                f"from {seen} candidates",
+                flush=True,
+            )
         if len(chosen) >= syn.num_train:
             break
     if len(chosen) < syn.num_train:

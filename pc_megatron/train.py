@@ -138,9 +138,19 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         fresh = torch.tensor([s.policy_version == learner.version for s in samples], dtype=torch.float32)
         fresh_mask = batch.loss_mask * fresh[:, None]
         mismatch = (old_logp - engine_logp).abs() * fresh_mask
+        tis = {}
+        is_weight = None
+        if loss_cfg.tis_cap > 0:  # truncated IS from the behaviour policy (the engine at sampling time)
+            raw = torch.exp(old_logp - engine_logp)
+            is_weight = raw.clamp(max=loss_cfg.tis_cap)
+            n_tok = max(float(batch.loss_mask.sum()), 1.0)
+            tis = {
+                "tis_weight_mean": float((is_weight * batch.loss_mask).sum()) / n_tok,
+                "tis_truncated_frac": float(((raw > loss_cfg.tis_cap) * batch.loss_mask).sum()) / n_tok,
+            }
         with timed(times, "train"):
             adv = group_advantages(rewards, group_ids, loss_cfg.normalize_adv_by_std)
-            stats = learner.train_rl(batch, old_logp, adv, loss_cfg, sampling.temperature, ref_logp)
+            stats = learner.train_rl(batch, old_logp, adv, loss_cfg, sampling.temperature, ref_logp, is_weight)
         with timed(times, "sync"):
             engine.update_weights(learner.hf_named_tensors())
         n_tokens = int(batch.loss_mask.sum())
@@ -153,6 +163,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
             "frac_truncated": sum(c.finish_reason == "length" for c in completions) / len(completions),
             "logprob_mismatch": float(mismatch.sum() / max(float(fresh_mask.sum()), 1.0)),
             "logprob_mismatch_max": float(mismatch.max()),
+            **tis,
             **stats,
         }
 
@@ -173,7 +184,10 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
             rows = [task.train[requests[c.prompt_index].prompt] for c in completions]
             results = score_all(reward, texts, [r.answer for r in rows], [r.id for r in rows], cfg.reward.timeout_s)
         calls.append((len(requests), sum(len(c.token_ids) for c in completions)))
-        samples = [Sample(r.correct, r.score, learner.version, c) for r, c in zip(results, completions, strict=True)]
+        samples = [
+            Sample(r.correct, r.score, learner.version, c, len(c.token_ids))
+            for r, c in zip(results, completions, strict=True)
+        ]
         bounds = [0, *itertools.accumulate(r.n for r in requests)]
         return [samples[a:b] for a, b in itertools.pairwise(bounds)]
 

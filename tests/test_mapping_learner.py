@@ -134,3 +134,29 @@ def test_triton_loss_path_matches_the_torch_reference_in_the_learner(tiny_model_
     grads = {impl: {n: p.main_grad for n, p in lrn.module.named_parameters()} for impl, lrn in learners.items()}
     for name, g in grads["torch"].items():
         assert g.abs().max() > 0 and torch.allclose(g, grads["triton"][name], rtol=1e-4, atol=1e-7), name
+
+
+def test_truncated_is_weights_scale_each_tokens_policy_gradient(tiny_model_dir):
+    """algo.loss.tis_cap: a per-token weight w multiplies that token's advantage, so a weight that
+    is constant along a row equals scaling the row's advantage, and w = 1 changes nothing."""
+    from pc_megatron.algo import LossConfig
+
+    tokens = torch.randint(2, 23, (3, 7), generator=torch.Generator().manual_seed(5))
+    batch = TokenBatch(tokens, torch.ones(3, 6))
+    adv = torch.tensor([1.0, -0.5, 0.3])
+    row_w = torch.tensor([2.0, 0.5, 1.5])
+    runs = {
+        "none": (adv, None),
+        "ones": (adv, torch.ones(3, 6)),
+        "weighted": (adv, row_w[:, None].expand(3, 6).clone()),
+        "scaled_adv": (adv * row_w, None),
+    }
+    grads = {}
+    for name, (a, w) in runs.items():
+        lrn = Learner(tiny_model_dir, LearnerConfig(), seed=0)
+        lrn.train_rl(batch, lrn.logprobs(batch), a, LossConfig(), 1.0, is_weight=w)
+        grads[name] = {n: p.main_grad.clone() for n, p in lrn.module.named_parameters()}
+    for n, g in grads["none"].items():
+        assert torch.equal(g, grads["ones"][n]), n
+        assert torch.allclose(grads["weighted"][n], grads["scaled_adv"][n], rtol=1e-5, atol=1e-8), n
+    assert any(not torch.allclose(grads["weighted"][n], g) for n, g in grads["none"].items())

@@ -33,7 +33,8 @@ class Oracle:
                 u = random.Random(f"{self.seed}/{r.prompt}/{self.drawn[r.prompt]}").random()
                 self.drawn[r.prompt] += 1
                 ok = u < self.p[r.prompt]
-                samples.append(Sample(correct=ok, reward=float(ok), policy_version=self.version))
+                tokens = 1 + (r.prompt + self.drawn[r.prompt]) % 5
+                samples.append(Sample(correct=ok, reward=float(ok), policy_version=self.version, tokens=tokens))
             out.append(samples)
         return out
 
@@ -44,7 +45,8 @@ def run(cfg, steps, num_prompts=40, B=4, n=8, seed=0, oracle_seed=1):
     for step in range(steps):
         oracle.version = step
         batch = sched.next_batch(step, oracle, policy_version=step)
-        history.append((batch, dict(sched.counts), dict(sched.state), sched.buffered_samples()))
+        buffered_tokens = sum(s.tokens for e in [*sched.buffer.values(), *sched.pending] for s in e.samples)
+        history.append((batch, dict(sched.counts), dict(sched.state), sched.buffered_samples(), buffered_tokens))
     return sched, oracle, history
 
 
@@ -57,6 +59,7 @@ configs = st.builds(
     selection=st.sampled_from(["random", "max_variance"]),
     bind=st.booleans(),
     max_rounds=st.integers(1, 4),
+    request_multiple=st.sampled_from([1, 1, 3, 8]),
 )
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -66,16 +69,24 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 def test_accounting_and_pool_invariants(cfg, steps, seed):
     sched, oracle, history = run(cfg, steps, seed=seed)
     wasted = ("wasted_filtered", "wasted_flushed", "wasted_surplus", "wasted_degenerate")
-    for batch, counts, state, buffered in history:
-        # every generated rollout is trained, wasted, or still waiting in the buffer
+    for batch, counts, state, buffered, buffered_tokens in history:
+        # every generated rollout (and token) is trained, wasted, or still waiting in the buffer
         assert counts["generated"] == counts["trained"] + sum(counts[k] for k in wasted) + buffered
+        st_ = batch.stats
+        assert st_["cum_tokens_generated"] == (
+            st_["cum_tokens_trained"] + sum(st_[f"cum_tokens_{k}"] for k in wasted) + buffered_tokens
+        )
+        assert st_["step_tokens_trained"] == sum(s.tokens for g in batch.groups for s in g.samples)
+        assert st_["pool_active"] + st_["pool_evicted"] == 40
+        assert st_["pool_deferred"] == sum(s == "deferred" for s in state.values())
+        assert st_["buffer_age_max"] <= cfg.max_off_steps
         assert len(batch.groups) <= 4 and len({g.prompt for g in batch.groups}) == len(batch.groups)
         assert all(len(g.samples) == 8 for g in batch.groups)  # trained group = n samples (pilot ∪ commit)
-        assert set(state.values()) <= {"fresh", "buffered", "used", "evicted"}  # one state per prompt
+        assert set(state.values()) <= {"fresh", "buffered", "used", "deferred", "evicted"}  # one state per prompt
     assert {p for p, s in sched.state.items() if s == "buffered"} == set(sched.buffer)
     # an evicted prompt is never requested in a later step
     evicted_at = {}
-    for step, (_, _, state, _) in enumerate(history):
+    for step, (_, _, state, *_) in enumerate(history):
         for p, s in state.items():
             if s == "evicted":
                 evicted_at.setdefault(p, step)
@@ -97,8 +108,9 @@ def test_no_trained_rollout_is_older_than_the_staleness_bound(cfg, seed):
 @SETTINGS
 @given(cfg=configs.filter(lambda c: c.policy == "pilot_commit"), seed=st.integers(0, 5))
 def test_bound_and_unbound_train_on_the_same_prompts(cfg, seed):
-    bound = dataclasses.replace(cfg, bind=True)
-    unbound = dataclasses.replace(cfg, bind=False)
+    # without rounding: it pads bound calls (commits + pilots) and unbound pilot calls differently
+    bound = dataclasses.replace(cfg, bind=True, request_multiple=1)
+    unbound = dataclasses.replace(cfg, bind=False, request_multiple=1)
     _, _, h1 = run(bound, 15, seed=seed)
     _, _, h2 = run(unbound, 15, seed=seed)
     for (b1, *_), (b2, *_) in zip(h1, h2, strict=True):
@@ -177,6 +189,26 @@ def test_degenerate_groups_are_counted_per_phase():
         assert sched.counts[f"degenerate_{phase}"] >= degenerate
         other = "pilot" if phase == "full" else "full"
         assert sched.counts[f"groups_{other}"] == 0
+
+
+@SETTINGS
+@given(cfg=configs.filter(lambda c: c.policy != "grpo"), seed=st.integers(0, 5))
+def test_generate_calls_are_rounded_to_the_request_multiple(cfg, seed):
+    """With request_multiple = the engine's DP size, every call that draws fresh prompts fills
+    whole replicas (only the last calls of an exhausted pool may fall short)."""
+    cfg = dataclasses.replace(cfg, request_multiple=3)
+    _, oracle, _ = run(cfg, 8, num_prompts=400, seed=seed)
+    for call in oracle.requests:
+        if cfg.policy == "dapo" or cfg.bind or any(ph == "pilot" for _, _, ph, _ in call):
+            assert len(call) % 3 == 0, [ph for _, _, ph, _ in call]
+
+
+def test_pilot_histogram_counts_every_filed_pilot():
+    """Unbound, every pilot is filed in the step that generated it."""
+    sched, oracle, history = run(SchedulerConfig(policy="pilot_commit", bind=False), 6)
+    pilots = sum(ph == "pilot" for call in oracle.requests for _, _, ph, _ in call)
+    assert sum(sum(b.stats["pilot_hist"]) for b, *_ in history) == pilots > 0
+    assert all(len(b.stats["pilot_hist"]) == sched.n_p + 1 for b, *_ in history)
 
 
 def test_bad_config_is_rejected():

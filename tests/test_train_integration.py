@@ -136,13 +136,18 @@ def test_allocation_policies_run_end_to_end_and_resume_exactly(policy, cache_dir
         "scheduler.max_rounds=3",
         "checkpoint.every_steps=2",
         "scheduler.p_lower=0.0",
+        "scheduler.request_multiple=4",
+        *(["algo.loss.tis_cap=2.0"] if policy == "pilot_commit" else []),
     ]
     full = train(load_config("tiny", [*common, "steps=4"]), tmp_path / "full")
     rows = read_metrics(tmp_path / "full")
     assert full["cum_rollouts"] == rows[-1]["sched/cum_generated"] > 0
+    assert full["cum_generated_tokens"] == rows[-1]["sched/cum_tokens_generated"] > 0
     assert all(r["sched/groups"] <= 8 for r in rows[1:])
     if policy == "pilot_commit":
         assert rows[-1]["sched/cum_generated_pilot"] > 0 and rows[-1]["sched/cum_generated_commit"] > 0
+        # truncated IS: on-policy tokens weigh ~1, stale pilot tokens anything up to the cap
+        assert all(0 < r["tis_weight_mean"] <= 2.0 for r in rows[1:])
     train(load_config("tiny", [*common, "steps=2"]), tmp_path / "cut")
     resumed_cfg = load_config(str(tmp_path / "cut" / "config.yaml"), ["steps=4"])
     train(resumed_cfg, tmp_path / "cut", resume=True)
@@ -158,6 +163,7 @@ def test_compare_writes_json_markdown_and_plot(cache_dir, tmp_path):
     grpo = result["methods"]["grpo"]
     assert result["target_eval_accuracy"] == grpo["peak_eval_accuracy"]
     assert grpo["rollouts_to_target"] is not None  # GRPO reaches its own best by definition
+    assert all(0 <= m["degenerate_frac_start"] <= 1 for m in result["methods"].values())
     for name in ("compare.json", "compare.md", "compare.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 100
     assert "pilot_commit_vs_grpo" in json.loads((tmp_path / "cmp" / "compare.json").read_text())

@@ -38,6 +38,11 @@ class LossConfig:
     """Weight of the entropy bonus; 0 disables it."""
     normalize_adv_by_std: bool = True
     """GRPO advantage normalisation by group std; false = Dr.GRPO (mean-centering only)."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling: weight each token's policy-gradient term by
+    min(pi_old / pi_behaviour, tis_cap), pi_behaviour being the engine's log-probs when the
+    rollout was sampled (older weights for buffered pilot rollouts, and any engine/learner
+    numerical mismatch). 0 = off, as in the paper."""
 
 
 def policy_loss(

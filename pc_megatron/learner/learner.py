@@ -207,10 +207,13 @@ class Learner:
         loss_cfg: LossConfig,
         temperature: float,
         ref_logp: torch.Tensor | None = None,
+        is_weight: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One optimizer step of the clipped surrogate over ``batch`` (token-mean over all of it).
 
         ``old_logp: (N, S-1)``, ``advantages: (N,)`` broadcast over each sequence's tokens.
+        ``is_weight: (N, S-1)``, optional, scales each token's policy-gradient term (truncated
+        importance sampling; the weights are constants, so this scales the advantage).
         """
         mask_all = batch.loss_mask
         n_tok = float(mask_all.sum())
@@ -223,9 +226,10 @@ class Learner:
                 mask = mask_all[sl].to(self.device)
                 logp, entropy = self._token_logp(self._logits(tokens), tokens, temperature)
                 ref = ref_logp[sl].to(self.device) if ref_logp is not None else None
-                loss, stats = policy_loss(
-                    logp, old_logp[sl].to(self.device), advantages[sl, None].to(self.device), loss_cfg, ref, entropy
-                )
+                adv = advantages[sl, None].to(self.device)
+                if is_weight is not None:
+                    adv = adv * is_weight[sl].to(self.device)
+                loss, stats = policy_loss(logp, old_logp[sl].to(self.device), adv, loss_cfg, ref, entropy)
                 sums["clipfrac"] += float((stats["clipped"] * mask).sum())
                 sums["entropy"] += float((entropy.detach() * mask).sum())
                 if "kl" in stats:

@@ -28,6 +28,16 @@ from typing import Any
 from pc_megatron.data.sampler import epoch_permutation
 
 POLICIES = ("grpo", "dapo", "pilot_commit")
+ROLLOUT_KEYS = (  # rollout counters, also kept in generated tokens
+    "generated",
+    "trained",
+    "wasted_filtered",
+    "wasted_flushed",
+    "wasted_surplus",
+    "wasted_degenerate",
+    "generated_pilot",
+    "generated_commit",
+)
 
 
 @dataclass
@@ -56,6 +66,11 @@ class SchedulerConfig:
     """Put commit(t) and pilot(t+1) in one generate call."""
     max_rounds: int = 10
     """Generate rounds per batch before training on what there is."""
+    request_multiple: int = 1
+    """Round each generate call's prompt count up to a multiple of this (the rollout engine's
+    data-parallel size, so every replica gets the same number of prompts) by piloting (DAPO:
+    sampling) extra fresh prompts. GRPO calls (B prompts) and unbound commit-only calls are left
+    as they are. 1 = off."""
 
     def validate(self) -> None:
         from pc_megatron.errors import ConfigError
@@ -68,6 +83,8 @@ class SchedulerConfig:
             raise ConfigError("scheduler: need 0 <= p_lower <= p_upper <= 1 and p_evict > p_upper (> 1: never evict)")
         if self.gen_prompts_multiplier < 1 or self.max_rounds < 1 or self.max_off_steps < 0:
             raise ConfigError("scheduler: gen_prompts_multiplier and max_rounds must be >= 1, max_off_steps >= 0")
+        if self.request_multiple < 1:
+            raise ConfigError("scheduler.request_multiple must be >= 1 (the engine's data-parallel size; 1 = off)")
 
 
 @dataclass
@@ -83,6 +100,7 @@ class Sample:
     reward: float
     policy_version: int = 0
     payload: Any = None  # the engine's completion, opaque here
+    tokens: int = 0  # generated tokens, for the token accounting
 
 
 @dataclass
@@ -132,20 +150,14 @@ class Scheduler:
             )
         self.capacity = cfg.buffer_capacity or 4 * prompts_per_step
         self.epoch, self.cursor = 0, 0
-        self.state: dict[int, str] = dict.fromkeys(range(num_prompts), "fresh")  # fresh|buffered|used|evicted
+        self.state: dict[int, str] = dict.fromkeys(range(num_prompts), "fresh")
+        # fresh | used (drawn this epoch) | buffered | deferred (to the next epoch) | evicted
         self.buffer: dict[int, _Entry] = {}
         self.pending: list[_Entry] = []  # bound mode: pilot results waiting for the next step
         self._order_cache: tuple[int, list[int]] = (-1, [])
         self.counts: dict[str, int] = dict.fromkeys(
             (
-                "generated",
-                "trained",
-                "wasted_filtered",
-                "wasted_flushed",
-                "wasted_surplus",
-                "wasted_degenerate",
-                "generated_pilot",
-                "generated_commit",
+                *ROLLOUT_KEYS,
                 "evicted",
                 "deferred",
                 "skipped_easy",
@@ -156,6 +168,12 @@ class Scheduler:
             ),
             0,
         )
+        self.tokens: dict[str, int] = dict.fromkeys(ROLLOUT_KEYS, 0)  # the same, in generated tokens
+        self.pilot_hist = [0] * (self.n_p + 1)  # this step's filed pilots by number correct
+
+    def _add(self, key: str, samples: list[Sample]) -> None:
+        self.counts[key] += len(samples)
+        self.tokens[key] += sum(s.tokens for s in samples)
 
     # ------------------------------------------------------------------ pool
     def _order(self, epoch: int) -> list[int]:
@@ -166,7 +184,7 @@ class Scheduler:
 
     def _new_epoch(self, drawn_now: list[int]) -> None:
         for e in self.buffer.values():  # the buffer is cleared at the epoch boundary
-            self.counts["wasted_flushed"] += len(e.samples)
+            self._add("wasted_flushed", e.samples)
         self.buffer.clear()
         self.epoch, self.cursor = self.epoch + 1, 0
         for p, s in self.state.items():
@@ -197,22 +215,33 @@ class Scheduler:
 
     # ------------------------------------------------------------------ policies
     def next_batch(self, step: int, generate: GenerateFn, policy_version: int = 0) -> Batch:
-        before = dict(self.counts)
+        before, tokens_before = dict(self.counts), dict(self.tokens)
+        self.pilot_hist = [0] * (self.n_p + 1)
         if self.cfg.policy == "grpo":
             batch = self._grpo(generate)
         elif self.cfg.policy == "dapo":
             batch = self._dapo(generate)
         else:
             batch = self._pilot_commit(step, generate)
-        trained = sum(len(g.samples) for g in batch.groups)
-        self.counts["trained"] += trained
+        for g in batch.groups:
+            self._add("trained", g.samples)
         lags = [policy_version - s.policy_version for g in batch.groups for s in g.samples]
+        ages = [step + 1 - e.planned_step for e in self.buffer.values()]  # as of the next step
+        states = list(self.state.values())
         batch.stats = {
             **{f"step_{k}": self.counts[k] - before[k] for k in self.counts},
             **{f"cum_{k}": v for k, v in self.counts.items()},
+            **{f"step_tokens_{k}": self.tokens[k] - tokens_before[k] for k in self.tokens},
+            **{f"cum_tokens_{k}": v for k, v in self.tokens.items()},
             "groups": len(batch.groups),
             "rounds": batch.rounds,
             "buffer_size": len(self.buffer),
+            "buffer_age_mean": sum(ages) / len(ages) if ages else 0.0,
+            "buffer_age_max": max(ages, default=0),
+            "pool_active": len(states) - states.count("evicted"),
+            "pool_evicted": states.count("evicted"),
+            "pool_deferred": states.count("deferred"),  # back at the next epoch
+            "pilot_hist": list(self.pilot_hist),
             "epoch": self.epoch,
             "max_policy_lag": max(lags, default=0),
             "mean_policy_lag": sum(lags) / len(lags) if lags else 0.0,
@@ -226,9 +255,9 @@ class Scheduler:
         for req, samples in zip(requests, results, strict=True):
             if len(samples) != req.n:
                 raise ValueError(f"generate returned {len(samples)} samples for prompt {req.prompt}, asked {req.n}")
-            self.counts["generated"] += req.n
+            self._add("generated", samples)
             if req.phase in ("pilot", "commit"):
-                self.counts[f"generated_{req.phase}"] += req.n
+                self._add(f"generated_{req.phase}", samples)
             if req.phase in ("full", "pilot"):  # a degenerate group: every reward equal, zero advantage
                 self.counts[f"groups_{req.phase}"] += 1
                 self.counts[f"degenerate_{req.phase}"] += len({s.reward for s in samples}) == 1
@@ -244,36 +273,39 @@ class Scheduler:
         rounds = 0
         while len(kept) < self.B and rounds < self.cfg.max_rounds:
             rounds += 1
-            prompts = self._fresh(self.cfg.gen_prompts_multiplier * self.B, {g.prompt for g in kept})
+            k = self._rounded(self.cfg.gen_prompts_multiplier * self.B)
+            prompts = self._fresh(k, {g.prompt for g in kept})
             if not prompts:
                 break
             for p, samples in zip(
                 prompts, self._call(generate, [GenRequest(p, self.n, "full") for p in prompts]), strict=True
             ):
                 if len({s.reward for s in samples}) == 1:
-                    self.counts["wasted_degenerate"] += len(samples)
+                    self._add("wasted_degenerate", samples)
                 elif len(kept) < self.B:
                     kept.append(Group(p, samples))
                 else:
-                    self.counts["wasted_surplus"] += len(samples)
+                    self._add("wasted_surplus", samples)
         return Batch(kept, rounds)
 
     # Pilot-Commit ---------------------------------------------------------------
     def _file_pilot(self, entry: _Entry) -> None:
         """Sort one pilot result into buffer / evicted / deferred / skipped."""
         p_hat, c = entry.p_hat, self.cfg
+        self.pilot_hist[sum(s.correct for s in entry.samples)] += 1
         if p_hat >= c.p_evict:
             self.state[entry.prompt] = "evicted"
             self.counts["evicted"] += 1
         elif p_hat > c.p_upper:
             self.counts["skipped_easy"] += 1
         elif p_hat < c.p_lower:
+            self.state[entry.prompt] = "deferred"
             self.counts["deferred"] += 1
         else:
             self.buffer[entry.prompt] = entry
             self.state[entry.prompt] = "buffered"
             return
-        self.counts["wasted_filtered"] += len(entry.samples)
+        self._add("wasted_filtered", entry.samples)
 
     def _select(self, step: int, rnd: int, need: int, taken: set[int]) -> list[_Entry]:
         """Up to ``need`` buffered prompts not already in this batch (an epoch can wrap mid-step
@@ -294,7 +326,7 @@ class Scheduler:
         for e in entries:
             del self.buffer[e.prompt]
             self.state[e.prompt] = "used"
-            self.counts["wasted_flushed"] += len(e.samples)
+            self._add("wasted_flushed", e.samples)
 
     def _enforce_capacity(self) -> None:
         """After each round: the oldest entries beyond the capacity go first."""
@@ -306,8 +338,14 @@ class Scheduler:
         the next step are flushed."""
         self._drop([e for e in self.buffer.values() if step + 1 - e.planned_step > self.cfg.max_off_steps])
 
-    def _pilot_requests(self) -> list[GenRequest]:
-        return [GenRequest(p, self.n_p, "pilot") for p in self._fresh(self.cfg.gen_prompts_multiplier * self.B)]
+    def _rounded(self, k: int, others: int = 0) -> int:
+        """``k`` plus the fewest extra prompts that make ``k + others`` a multiple of request_multiple."""
+        return k + (-(k + others)) % self.cfg.request_multiple
+
+    def _pilot_requests(self, commits: int = 0) -> list[GenRequest]:
+        """B_gen fresh pilots (rounded so that ``commits`` + pilots fill whole engine replicas)."""
+        k = self._rounded(self.cfg.gen_prompts_multiplier * self.B, commits)
+        return [GenRequest(p, self.n_p, "pilot") for p in self._fresh(k)]
 
     def _pilot_commit(self, step: int, generate: GenerateFn) -> Batch:
         """Each round: file pilots → select up to the missing count → commit → trim.
@@ -332,7 +370,7 @@ class Scheduler:
             commits = [GenRequest(e.prompt, self.n_c, "commit") for e in chosen]
             pilots: list[GenRequest] = []
             if self.cfg.bind:
-                pilots = self._pilot_requests()
+                pilots = self._pilot_requests(commits=len(commits))
                 last = len(groups) + len(chosen) >= self.B or rounds == self.cfg.max_rounds
                 plan_for = step + 1 if last else step
             results = self._call(generate, commits + pilots)
@@ -361,6 +399,7 @@ class Scheduler:
             "cursor": self.cursor,
             "state": dict(self.state),
             "counts": dict(self.counts),
+            "tokens": dict(self.tokens),
             "buffer": [(e.prompt, e.samples, e.planned_step) for e in self.buffer.values()],
             "pending": [(e.prompt, e.samples, e.planned_step) for e in self.pending],
         }
@@ -369,6 +408,6 @@ class Scheduler:
         if len(sd["state"]) != self.N:
             raise ValueError(f"scheduler state is for {len(sd['state'])} prompts, this pool has {self.N}")
         self.epoch, self.cursor = sd["epoch"], sd["cursor"]
-        self.state, self.counts = dict(sd["state"]), dict(sd["counts"])
+        self.state, self.counts, self.tokens = dict(sd["state"]), dict(sd["counts"]), dict(sd["tokens"])
         self.buffer = {p: _Entry(p, s, t) for p, s, t in sd["buffer"]}
         self.pending = [_Entry(p, s, t) for p, s, t in sd["pending"]]
