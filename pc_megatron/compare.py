@@ -49,6 +49,8 @@ def summarize(rows: list[dict], target: float) -> dict[str, Any]:
         "mean_group_std": sum(r["mean_group_std"] for r in updates) / max(len(updates), 1),
         "degenerate_frac_start": degenerate_at_start(first),
         "updates": len(updates),
+        # the scheduler's own decisions as a share of step time (engine and reward calls excluded)
+        "scheduler_time_frac": sum(r.get("time_scheduler_s", 0.0) for r in rows) / max(wall[-1], 1e-9),
     }
 
 

@@ -196,7 +196,12 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         calls: list[tuple[int, int]] = []
         t_step = time.perf_counter()
         generate = functools.partial(engine_generate, step, times, calls)
+        t_sched = time.perf_counter()
         plan = scheduler.next_batch(step, generate, policy_version=learner.version)
+        # the scheduler's own time: its decisions, without the engine and reward calls it made
+        times["time_scheduler_s"] = (
+            time.perf_counter() - t_sched - times.get("time_rollout_s", 0.0) - times.get("time_reward_s", 0.0)
+        )
         loop["cum_generated_tokens"] += sum(tokens for _, tokens in calls)
         row = {
             "step": step,

@@ -164,6 +164,7 @@ def test_compare_writes_json_markdown_and_plot(cache_dir, tmp_path):
     assert result["target_eval_accuracy"] == grpo["peak_eval_accuracy"]
     assert grpo["rollouts_to_target"] is not None  # GRPO reaches its own best by definition
     assert all(0 <= m["degenerate_frac_start"] <= 1 for m in result["methods"].values())
+    assert all(0 < m["scheduler_time_frac"] < 1 for m in result["methods"].values())
     for name in ("compare.json", "compare.md", "compare.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 100
     assert "pilot_commit_vs_grpo" in json.loads((tmp_path / "cmp" / "compare.json").read_text())
