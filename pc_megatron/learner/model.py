@@ -33,6 +33,7 @@ def transformer_config(arch: ArchSpec, bf16: bool):
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
@@ -53,9 +54,9 @@ def build_gpt_model(arch: ArchSpec, transformer_impl: str, bf16: bool):
 
     impl = resolve_transformer_impl(transformer_impl)
     if impl == "transformer_engine":
-        layer_spec = specs.get_gpt_layer_with_transformer_engine_spec()
+        layer_spec = specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
     else:
-        layer_spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        layer_spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
     model = GPTModel(
         config=transformer_config(arch, bf16),
         transformer_layer_spec=layer_spec,
@@ -63,6 +64,8 @@ def build_gpt_model(arch: ArchSpec, transformer_impl: str, bf16: bool):
         max_sequence_length=arch.max_position_embeddings,
         position_embedding_type="rope",
         rotary_base=int(arch.rope_theta),
+        rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
     )
     if torch.cuda.is_available():

@@ -8,12 +8,14 @@ from pathlib import Path
 
 from pc_megatron.errors import ModelFileError
 
-SUPPORTED_ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+SUPPORTED_ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
+# Megatron-Core's Llama 3 RoPE scaling hard-codes these; other values would silently differ.
+LLAMA3_ROPE_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
 @dataclass(frozen=True)
 class ArchSpec:
-    family: str  # "qwen2" | "llama"
+    family: str  # "qwen2" | "qwen3" | "llama"
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -26,13 +28,36 @@ class ArchSpec:
     norm_eps: float
     qkv_bias: bool
     tie_word_embeddings: bool
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before RoPE
+    rope_scaling_factor: float | None = None  # Llama 3.x RoPE scaling factor; None = none
 
 
-def _rope_theta(cfg: dict) -> float:
-    if "rope_theta" in cfg:
-        return float(cfg["rope_theta"])
-    params = cfg.get("rope_parameters") or {}
-    return float(params.get("rope_theta", 10000.0))
+def _rope_params(cfg: dict) -> dict:
+    """``rope_scaling`` (transformers 4) or ``rope_parameters`` (transformers 5), merged."""
+    return {**(cfg.get("rope_parameters") or {}), **(cfg.get("rope_scaling") or {})}
+
+
+def _rope_scaling_factor(cfg: dict, source: str) -> float | None:
+    params = _rope_params(cfg)
+    kind = params.get("rope_type") or params.get("type")
+    if kind in (None, "default"):
+        return None
+    if kind != "llama3":
+        raise ModelFileError(f"{source}: rope type {kind!r} is not supported; supported: default, llama3")
+    for key, fixed in LLAMA3_ROPE_FIXED.items():
+        if float(params.get(key, fixed)) != fixed:
+            raise ModelFileError(
+                f"{source}: llama3 rope scaling with {key}={params[key]} is not supported "
+                f"(Megatron-Core implements {key}={fixed})"
+            )
+    return float(params.get("factor", 8.0))
+
+
+def _rope_theta(cfg: dict, source: str) -> float:
+    theta = float(cfg.get("rope_theta", _rope_params(cfg).get("rope_theta", 10000.0)))
+    if theta != int(theta):
+        raise ModelFileError(f"{source}: rope_theta={theta} is not an integer (Megatron-Core takes an int base)")
+    return theta
 
 
 def arch_from_hf_config(cfg: dict, source: str = "config.json") -> ArchSpec:
@@ -42,10 +67,19 @@ def arch_from_hf_config(cfg: dict, source: str = "config.json") -> ArchSpec:
         raise ModelFileError(
             f"{source}: architecture {arch!r} is not supported; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
         )
-    rope_scaling = cfg.get("rope_scaling")
-    if rope_scaling and (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default"):
-        raise ModelFileError(f"{source}: rope_scaling {rope_scaling} is not supported yet")
     family = SUPPORTED_ARCHITECTURES[arch]
+
+    def unsupported(option: str) -> ModelFileError:
+        return ModelFileError(f"{source}: {arch} with {option} is not supported")
+
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise unsupported(f"hidden_act={cfg['hidden_act']!r} (only silu)")
+    if cfg.get("use_sliding_window"):
+        raise unsupported("use_sliding_window=true")
+    if family != "qwen2" and cfg.get("attention_bias"):
+        raise unsupported("attention_bias=true (a bias on o_proj)")
+    if cfg.get("mlp_bias"):
+        raise unsupported("mlp_bias=true")
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     return ArchSpec(
@@ -58,10 +92,12 @@ def arch_from_hf_config(cfg: dict, source: str = "config.json") -> ArchSpec:
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         ffn_hidden_size=int(cfg["intermediate_size"]),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-        rope_theta=_rope_theta(cfg),
+        rope_theta=_rope_theta(cfg, source),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+        qkv_bias=family == "qwen2",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qk_norm=family == "qwen3",
+        rope_scaling_factor=_rope_scaling_factor(cfg, source),
     )
 
 

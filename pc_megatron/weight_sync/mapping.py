@@ -1,4 +1,4 @@
-"""Name and layout mapping between Megatron-Core GPTModel (local or TE spec) and HF Qwen2/Llama.
+"""Name and layout mapping between Megatron-Core GPTModel (local or TE spec) and HF Qwen2/Qwen3/Llama.
 
 Layouts that differ:
 
@@ -28,6 +28,8 @@ _LAYER_SIMPLE = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
     "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight",
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",  # Qwen3
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
 }
 
 

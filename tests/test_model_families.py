@@ -1,0 +1,147 @@
+"""Qwen2 (qkv bias, tied embeddings), Qwen3 (q/k norm, head_dim != hidden/heads) and Llama 3
+(RoPE scaling, untied embeddings), all with GQA: the Megatron learner against transformers."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from pc_megatron.errors import ModelFileError
+from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.learner import load_hf_weights
+from pc_megatron.model.arch import arch_from_hf_config, load_arch
+
+COMMON = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=16384,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_theta": 10000.0,
+}
+CONFIGS = {
+    "qwen2-tied": lambda: Qwen2Config(**COMMON, tie_word_embeddings=True),
+    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False),
+    "llama3": lambda: LlamaConfig(**COMMON, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False),
+}
+
+
+def make_hf_model(name, folder):
+    """A random model with weights large enough that every component moves the logits."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CONFIGS[name](), dtype=torch.float32)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.15)
+    model.save_pretrained(folder)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def family(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    return request.param, folder, make_hf_model(request.param, folder)
+
+
+def compare_logits(learner, hf_model):
+    tokens = torch.randint(0, 96, (3, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = learner._logits(tokens).float()
+        ref = hf_model(input_ids=tokens).logits.float()
+    logp, logq = torch.log_softmax(ref, -1), torch.log_softmax(ours, -1)
+    kl = (logp.exp() * (logp - logq)).sum(-1).mean()
+    return float((ours - ref).abs().max()), float(kl)
+
+
+def test_logits_match_transformers(family):
+    name, folder, hf_model = family
+    diff, kl = compare_logits(Learner(folder, LearnerConfig(), seed=0), hf_model)
+    assert diff < 1e-4 and kl < 1e-6, (name, diff, kl)
+
+
+def test_hf_to_megatron_to_hf_is_bit_identical(family):
+    _, folder, _ = family
+    original = load_hf_weights(folder)
+    exported = dict(Learner(folder, LearnerConfig(), seed=0).hf_named_tensors())
+    assert set(exported) == set(original) - ({"lm_head.weight"} if load_arch(folder).tie_word_embeddings else set())
+    for key, t in exported.items():
+        assert torch.equal(t, original[key]), key
+
+
+def test_negative_controls_break_parity(family, tmp_path, monkeypatch):
+    """The parity check bites on what each family adds: Qwen3 with q_norm and k_norm swapped,
+    Llama 3 without its RoPE scaling, Qwen2 without its qkv bias."""
+    name, folder, hf_model = family
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    if name == "qwen3":
+        from pc_megatron.weight_sync import mapping
+
+        simple = dict(mapping._LAYER_SIMPLE)
+        simple["self_attention.q_layernorm.weight"], simple["self_attention.k_layernorm.weight"] = (
+            simple["self_attention.k_layernorm.weight"],
+            simple["self_attention.q_layernorm.weight"],
+        )
+        monkeypatch.setattr(mapping, "_LAYER_SIMPLE", simple)
+    elif name == "llama3":
+        cfg = json.loads((bad / "config.json").read_text())
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+        (bad / "config.json").write_text(json.dumps(cfg))
+    else:
+        from pc_megatron.model import arch as arch_mod
+
+        real = arch_mod.arch_from_hf_config
+        monkeypatch.setattr(
+            "pc_megatron.learner.learner.load_arch",
+            lambda d: __import__("dataclasses").replace(
+                real(json.loads((d / "config.json").read_text())), qkv_bias=False
+            ),
+        )
+    try:
+        diff, kl = compare_logits(Learner(bad, LearnerConfig(), seed=0), hf_model)
+    except ModelFileError:
+        return  # refusing the model also counts
+    assert diff > 1e-3, (name, diff, kl)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"architectures": ["MistralForCausalLM"]}, "architecture 'MistralForCausalLM' is not supported"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu' (only silu)"),
+        ({"use_sliding_window": True}, "use_sliding_window=true is not supported"),
+        ({"attention_bias": True}, "attention_bias=true"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
+        (
+            {"rope_parameters": {**LLAMA3_ROPE, "original_max_position_embeddings": 4096}},
+            "original_max_position_embeddings=4096 is not supported",
+        ),
+    ],
+)
+def test_unsupported_options_fail_naming_them(change, message):
+    cfg = {**CONFIGS["llama3"]().to_dict(), "architectures": ["LlamaForCausalLM"], **change}
+    with pytest.raises(ModelFileError) as e:
+        arch_from_hf_config(cfg, "model/config.json")
+    assert message in str(e.value) and "model/config.json" in str(e.value)
+
+
+def test_llama3_rope_scaling_is_read_from_either_spelling():
+    base = {**CONFIGS["llama3"]().to_dict(), "architectures": ["LlamaForCausalLM"]}
+    base.pop("rope_parameters", None)
+    old = arch_from_hf_config({**base, "rope_theta": 500000.0, "rope_scaling": {**LLAMA3_ROPE, "factor": 32.0}})
+    new = arch_from_hf_config({**base, "rope_parameters": {**LLAMA3_ROPE, "factor": 32.0, "rope_theta": 500000.0}})
+    assert old == new and old.rope_scaling_factor == 32.0 and old.rope_theta == 500000.0
