@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from tqdm import tqdm
 from pc_megatron.algo.advantages import group_advantages
 from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
 from pc_megatron.data.task import prepare_task
+from pc_megatron.errors import ConfigError
 from pc_megatron.evaluate import evaluate
 from pc_megatron.learner import Learner
 from pc_megatron.model.tiny import load_tokenizer
@@ -56,6 +58,11 @@ def timed(times: dict[str, float], phase: str):
 
 
 def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            "pc-megatron train runs the RL loop in one process for now (WORLD_SIZE > 1 found); tensor "
+            "parallelism is available to the Learner under torchrun (tests/test_tensor_parallel.py)"
+        )
     t_start = time.time()
     torch.set_num_threads(cfg.threads)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ def test_recipes_load_and_overrides_apply():
         ("algo.prompts_per_step=0", "algo.prompts_per_step must be > 0"),
         ("rollout.backend=sglang", "rollout.backend: 'sglang' is not available"),
         ("data.synthetic.mix.div9=1", "unknown family ['div9']"),
-        ("learner.tensor_parallel_size=2", "not supported yet"),
+        ("learner.pipeline_parallel_size=2", "not supported yet"),
         ("scheduler.policy=ppo", "scheduler.policy: 'ppo' is not one of"),
         ("scheduler.pilot_samples=8", "scheduler.pilot_samples must be < algo.samples_per_prompt"),
         ("data.synthetic.pool=medium", "data.synthetic.pool: unknown pool 'medium'; valid pools: hard, easy"),

@@ -6,9 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
 from pc_megatron.learner.learner import load_hf_weights
-from pc_megatron.model.arch import load_arch
 from pc_megatron.weight_sync import mapping
-from pc_megatron.weight_sync.mapping import hf_to_megatron, megatron_to_hf
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +21,8 @@ def hf_logprobs(model, tokens):
 
 
 def test_hf_to_megatron_to_hf_is_bit_identical(tiny_model_dir, learner):
-    arch = load_arch(tiny_model_dir)
     hf = load_hf_weights(tiny_model_dir)
-    names = [n for n, _ in learner.module.named_parameters()]
-    back = dict(megatron_to_hf(hf_to_megatron(hf, arch, names), arch))
+    back = dict(learner.hf_named_tensors())
     assert set(back) == set(hf) - {"lm_head.weight"}  # tied: lm_head is embed_tokens
     for name, t in back.items():
         assert torch.equal(t, hf[name]), name
@@ -58,7 +54,7 @@ def test_weights_from_a_different_model_are_rejected(tmp_path, learner):
         tmp_path / "other",
     )
     with pytest.raises(ModelFileError, match="expects"):
-        learner._load_hf(learner.module, load_hf_weights(other), str(other))
+        learner._load_hf(learner.module, other)
 
 
 def test_missing_and_truncated_weight_files_give_clear_errors(tmp_path, tiny_model_dir):
@@ -160,3 +156,24 @@ def test_truncated_is_weights_scale_each_tokens_policy_gradient(tiny_model_dir):
         assert torch.equal(g, grads["ones"][n]), n
         assert torch.allclose(grads["weighted"][n], grads["scaled_adv"][n], rtol=1e-5, atol=1e-8), n
     assert any(not torch.allclose(grads["weighted"][n], g) for n, g in grads["none"].items())
+
+
+def test_learner_load_errors_name_the_file(tmp_path, tiny_model_dir):
+    """The learner reads HF weights lazily (safetensors slices): a truncated file, and an index
+    that names a shard the folder lacks, each fail with one clear error naming the file."""
+    import json
+    import shutil
+
+    from pc_megatron.errors import ModelFileError
+
+    broken = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, broken)
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match="model.safetensors: unreadable safetensors"):
+        Learner(broken, LearnerConfig(), seed=0)
+    (broken / "model.safetensors").write_bytes(data)
+    index = {"metadata": {}, "weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelFileError, match="names shard model-00002-of-00002.safetensors, which is not in"):
+        Learner(broken, LearnerConfig(), seed=0)

@@ -12,7 +12,8 @@ class LearnerConfig:
     """Megatron-Core learner."""
 
     tensor_parallel_size: int = 1
-    """Tensor-parallel degree (TP > 1 lands with the production-learner work)."""
+    """Tensor-parallel degree: must divide the model's heads, kv heads, FFN size and vocabulary.
+    The learner's ranks come from the launcher (torchrun: WORLD_SIZE, RANK)."""
     pipeline_parallel_size: int = 1
     """Pipeline-parallel degree (PP > 1 lands with the production-learner work)."""
     transformer_impl: str = "auto"
@@ -47,10 +48,10 @@ class LearnerConfig:
     """Sequences per forward/backward; gradients accumulate over micro-batches."""
 
     def validate(self) -> None:
-        if self.tensor_parallel_size != 1 or self.pipeline_parallel_size != 1:
-            raise ConfigError(
-                "learner.tensor_parallel_size / pipeline_parallel_size > 1 are not supported yet; set both to 1"
-            )
+        if self.tensor_parallel_size < 1:
+            raise ConfigError("learner.tensor_parallel_size must be >= 1")
+        if self.pipeline_parallel_size != 1:
+            raise ConfigError("learner.pipeline_parallel_size > 1 is not supported yet; set it to 1")
         if self.transformer_impl not in ("auto", "local", "transformer_engine"):
             raise ConfigError(
                 f"learner.transformer_impl: '{self.transformer_impl}' is not one of auto, local, transformer_engine"

@@ -20,7 +20,8 @@ from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.model import build_gpt_model
 from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.arch import ArchSpec, load_arch
-from pc_megatron.weight_sync.mapping import hf_to_megatron, megatron_to_hf
+from pc_megatron.weight_sync.mapping import megatron_to_hf
+from pc_megatron.weight_sync.sharding import HFTensors, check_divisible, megatron_shard_from_hf, split_kind, unshard
 
 
 @dataclass
@@ -67,9 +68,10 @@ class Learner:
         self.parallel = init_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
         self.arch: ArchSpec = load_arch(model_dir)
         megatron_cpu.seed_model_parallel(seed)
+        check_divisible(self.arch, cfg.tensor_parallel_size)
         module = build_gpt_model(self.arch, cfg.transformer_impl, cfg.bf16)
         self.device = next(module.parameters()).device
-        self._load_hf(module, load_hf_weights(model_dir), str(model_dir))
+        self._load_hf(module, model_dir)
         self.model = DistributedDataParallel(
             module.config,
             DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
@@ -111,26 +113,49 @@ class Learner:
     def module(self) -> torch.nn.Module:
         return self.model.module
 
-    def _load_hf(self, module: torch.nn.Module, hf: dict[str, torch.Tensor], source: str) -> None:
-        names = [n for n, _ in module.named_parameters()]
-        try:
-            mapped = hf_to_megatron(hf, self.arch, names)
-        except KeyError as e:
-            raise ModelFileError(f"{source}: {e.args[0]}; the weights do not match config.json") from None
-        params = dict(module.named_parameters())
+    def _load_hf(self, module: torch.nn.Module, model_dir: str | Path) -> None:
+        """Each parameter's tensor-parallel shard, read from the HF safetensors (slices only)."""
+        hf = HFTensors(model_dir)
+        rank, size = self._tp_rank_size()
         with torch.no_grad():
-            for name, tensor in mapped.items():
-                if tuple(tensor.shape) != tuple(params[name].shape):
+            for name, param in module.named_parameters():
+                try:
+                    tensor = megatron_shard_from_hf(name, hf, self.arch, rank, size)
+                except KeyError as e:
+                    raise ModelFileError(f"{model_dir}: {e.args[0]}; the weights do not match config.json") from None
+                if tuple(tensor.shape) != tuple(param.shape):
                     raise ModelFileError(
-                        f"{source}: {name} has shape {tuple(tensor.shape)}, the model built from config.json "
-                        f"expects {tuple(params[name].shape)}; the weights are from a different model"
+                        f"{model_dir}: {name} has shape {tuple(tensor.shape)} (TP shard {rank}/{size}), the "
+                        f"model built from config.json expects {tuple(param.shape)}; the weights are from a "
+                        "different model"
                     )
-                params[name].copy_(tensor)
+                param.copy_(tensor)
+
+    def _tp_rank_size(self) -> tuple[int, int]:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+
+    def full_named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Megatron names with full (TP=1) tensors: shards gathered over the tensor-parallel
+        group one parameter at a time, so at most one full tensor is held at once."""
+        from megatron.core import parallel_state as ps
+
+        _, size = self._tp_rank_size()
+        for name, p in self.module.named_parameters():
+            local = p.detach()
+            if size == 1 or split_kind(name) == "replicated":
+                yield name, local
+                continue
+            shards = [torch.empty_like(local) for _ in range(size)]
+            torch.distributed.all_gather(shards, local.contiguous(), group=ps.get_tensor_model_parallel_group())
+            yield name, unshard(name, shards)
 
     def hf_named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Current weights under HF names and layouts (for weight sync and export)."""
-        params = {n: p.detach() for n, p in self.module.named_parameters()}
-        yield from megatron_to_hf(params, self.arch)
+        """Current weights under HF names and layouts (for weight sync and export). Tensors may be
+        views of the parameters: copy them to keep them across an optimizer step."""
+        for name, full in self.full_named_parameters():
+            yield from megatron_to_hf({name: full}, self.arch)
 
     # ----------------------------------------------------------------- forward
     def _causal_mask(self, s: int) -> torch.Tensor:
@@ -166,6 +191,8 @@ class Learner:
     # ----------------------------------------------------------------- updates
     def _step(self, micro_losses: Iterator[torch.Tensor]) -> dict[str, float]:
         """Accumulate gradients over micro-batches, then one optimizer step."""
+        from megatron.core.distributed import finalize_model_grads
+
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -178,7 +205,8 @@ class Learner:
                 )
             loss.backward()
             total += loss.item()
-        self.model.finish_grad_sync()
+        # data-parallel sync, plus what TP needs: Qwen3's q/k norm grads are partial per rank
+        finalize_model_grads([self.model])
         _, grad_norm, _ = self.optimizer.step()
         if grad_norm is not None and not math.isfinite(grad_norm):
             raise TrainingError(f"non-finite gradient norm at policy version {self.version}; lower the learning rate")

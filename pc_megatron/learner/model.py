@@ -67,6 +67,7 @@ def build_gpt_model(arch: ArchSpec, transformer_impl: str, bf16: bool):
         rope_scaling=arch.rope_scaling_factor is not None,
         rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        parallel_output=False,  # full-vocabulary logits on every TP rank (gathered by the output layer)
     )
     if torch.cuda.is_available():
         model = model.cuda()

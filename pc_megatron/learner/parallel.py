@@ -38,6 +38,15 @@ def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group(backend)
     if not ps.model_parallel_is_initialized():
+        model_parallel = tensor_parallel_size * pipeline_parallel_size
+        if dist.get_world_size() % model_parallel:
+            from pc_megatron.errors import ConfigError
+
+            raise ConfigError(
+                f"learner.tensor_parallel_size={tensor_parallel_size} x pipeline_parallel_size="
+                f"{pipeline_parallel_size} needs a multiple of {model_parallel} processes, this run has "
+                f"{dist.get_world_size()}: launch with torchrun --nproc-per-node {model_parallel}"
+            )
         ps.initialize_model_parallel(tensor_parallel_size, pipeline_parallel_size)
     world = dist.get_world_size()
     return ParallelState(

@@ -10,7 +10,8 @@ Layouts that differ:
 - With the TE spec the pre-attention / pre-MLP norms are fused into the next linear
   (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``); both spellings map.
 
-Only full (unsharded, TP=1) tensors are handled here; gathering TP shards comes first.
+Only full (unsharded, TP=1) tensors are handled here; ``sharding.py`` splits and gathers TP
+shards and reads HF tensors into Megatron shards.
 """
 
 from __future__ import annotations
@@ -88,50 +89,3 @@ def megatron_to_hf(params: Mapping[str, torch.Tensor], arch: ArchSpec) -> Iterat
                 raise KeyError(f"no HF mapping for Megatron parameter {name}")
         else:
             raise KeyError(f"no HF mapping for Megatron parameter {name}")
-
-
-def hf_to_megatron(
-    hf: Mapping[str, torch.Tensor], arch: ArchSpec, megatron_names: list[str]
-) -> dict[str, torch.Tensor]:
-    """Build the Megatron state (full tensors) for ``megatron_names`` from HF tensors."""
-    out: dict[str, torch.Tensor] = {}
-    inverse = {}
-    for mname in megatron_names:
-        if mname.startswith("decoder.layers.") and mname.split(".", 3)[3] in _LAYER_SIMPLE:
-            idx, rest = mname[len("decoder.layers.") :].split(".", 1)
-            inverse[mname] = f"model.layers.{idx}.{_LAYER_SIMPLE[rest]}"
-
-    def need(key: str) -> torch.Tensor:
-        if key not in hf:
-            raise KeyError(f"HF checkpoint lacks tensor {key}")
-        return hf[key]
-
-    for mname in megatron_names:
-        if mname.endswith("_extra_state"):
-            continue
-        if mname == "embedding.word_embeddings.weight":
-            out[mname] = need("model.embed_tokens.weight")
-        elif mname == "decoder.final_layernorm.weight":
-            out[mname] = need("model.norm.weight")
-        elif mname == "output_layer.weight":
-            out[mname] = hf["lm_head.weight"] if "lm_head.weight" in hf else need("model.embed_tokens.weight")
-        elif mname in inverse:
-            out[mname] = need(inverse[mname])
-        elif mname.startswith("decoder.layers."):
-            idx, rest = mname[len("decoder.layers.") :].split(".", 1)
-            p = f"model.layers.{idx}."
-            if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
-                kind = rest.rsplit(".", 1)[1]
-                out[mname] = _merge_qkv(
-                    need(p + f"self_attn.q_proj.{kind}"),
-                    need(p + f"self_attn.k_proj.{kind}"),
-                    need(p + f"self_attn.v_proj.{kind}"),
-                    arch,
-                )
-            elif rest == "mlp.linear_fc1.weight":
-                out[mname] = torch.cat([need(p + "mlp.gate_proj.weight"), need(p + "mlp.up_proj.weight")], 0)
-            else:
-                raise KeyError(f"no HF mapping for Megatron parameter {mname}")
-        else:
-            raise KeyError(f"no HF mapping for Megatron parameter {mname}")
-    return out

@@ -1,0 +1,156 @@
+"""Tensor-parallel shards of Megatron-Core GPTModel parameters, read straight from HF safetensors.
+
+How each parameter splits over ``T`` tensor-parallel ranks (Megatron-Core's column/row-parallel
+layers; the layout of the full tensor is the one in ``mapping.py``):
+
+- ``rows``: contiguous blocks of dim 0: the vocabulary of the embedding and the output layer,
+  ``linear_qkv`` (its rows are interleaved by query group, so a block is whole groups: the kv
+  heads must divide by T).
+- ``glu``: ``linear_fc1`` is ``[gate; up]``; rank r holds ``[gate_r; up_r]``.
+- ``cols``: contiguous blocks of dim 1: ``linear_proj`` and ``linear_fc2`` (row-parallel).
+- ``replicated``: norms (including Qwen3's q/k norms), whole on every rank.
+
+A rank builds its shard from HF tensors by reading only the row or column ranges it needs
+(safetensors slices), so loading never holds more than one full tensor of the model, and that
+only for replicated ones (norm vectors).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from pc_megatron.errors import ModelFileError
+from pc_megatron.model.arch import ArchSpec
+from pc_megatron.weight_sync import mapping
+
+
+def split_kind(name: str) -> str:
+    if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        return "rows"
+    if name.endswith(("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")):
+        return "rows"
+    if name.endswith("mlp.linear_fc1.weight"):
+        return "glu"
+    if name.endswith(("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")):
+        return "cols"
+    return "replicated"
+
+
+def check_divisible(arch: ArchSpec, tp: int) -> None:
+    """Fail early, naming the dimension, when a model cannot be split ``tp`` ways."""
+    from pc_megatron.errors import ConfigError
+
+    for what, value in (
+        ("num_key_value_heads", arch.num_kv_heads),
+        ("num_attention_heads", arch.num_heads),
+        ("intermediate_size", arch.ffn_hidden_size),
+        ("vocab_size", arch.vocab_size),
+    ):
+        if value % tp:
+            raise ConfigError(
+                f"learner.tensor_parallel_size={tp} does not divide the model's {what}={value}; "
+                "pick a tensor-parallel size that divides it"
+            )
+
+
+def shard(name: str, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s part of a full Megatron tensor."""
+    kind = split_kind(name)
+    if kind == "rows":
+        return full.chunk(size, 0)[rank]
+    if kind == "cols":
+        return full.chunk(size, 1)[rank]
+    if kind == "glu":
+        gate, up = full.chunk(2, 0)
+        return torch.cat([gate.chunk(size, 0)[rank], up.chunk(size, 0)[rank]])
+    return full
+
+
+def unshard(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
+    """The full Megatron tensor from every rank's shard, in rank order (inverse of ``shard``)."""
+    kind = split_kind(name)
+    if kind == "rows":
+        return torch.cat(shards, 0)
+    if kind == "cols":
+        return torch.cat(shards, 1)
+    if kind == "glu":
+        halves = [s.chunk(2, 0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+    return shards[0]
+
+
+class HFTensors:
+    """Read access to an HF folder's safetensors (with or without an index): whole tensors or
+    row/column ranges, without loading anything else. Unreadable files and shards that the
+    index names but the folder lacks fail with the file's name."""
+
+    def __init__(self, folder: str | Path) -> None:
+        from safetensors import SafetensorError, safe_open
+
+        self.folder = Path(folder)
+        index = self.folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+            missing = [f for f in files if not (self.folder / f).is_file()]
+            if missing:
+                raise ModelFileError(f"{index}: names shard {missing[0]}, which is not in {self.folder}")
+        else:
+            files = sorted(p.name for p in self.folder.glob("*.safetensors"))
+            if not files:
+                raise ModelFileError(f"{self.folder}: no *.safetensors weights found")
+        self._handles = {}
+        self.where: dict[str, str] = {}
+        for f in files:
+            try:
+                handle = safe_open(str(self.folder / f), framework="pt")
+            except (SafetensorError, OSError) as e:
+                raise ModelFileError(f"{self.folder / f}: unreadable safetensors file ({e}); re-export it") from None
+            self._handles[f] = handle
+            for key in handle.keys():
+                self.where[key] = f
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.where
+
+    def read(self, key: str, dim: int | None = None, part: tuple[int, int] = (0, 1)) -> torch.Tensor:
+        """The tensor, or block ``part = (rank, size)`` of it along ``dim``."""
+        if key not in self.where:
+            raise KeyError(f"HF checkpoint lacks tensor {key}")
+        sl = self._handles[self.where[key]].get_slice(key)
+        if dim is None or part[1] == 1:
+            return sl[:]
+        rank, size = part
+        n = sl.get_shape()[dim]
+        lo, hi = rank * n // size, (rank + 1) * n // size
+        return sl[lo:hi] if dim == 0 else sl[:, lo:hi]
+
+
+def megatron_shard_from_hf(name: str, hf: HFTensors, arch: ArchSpec, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s shard of Megatron parameter ``name``, read from ``hf`` (slices only)."""
+    part = (rank, size)
+    if name == "embedding.word_embeddings.weight":
+        return hf.read("model.embed_tokens.weight", 0, part)
+    if name == "decoder.final_layernorm.weight":
+        return hf.read("model.norm.weight")
+    if name == "output_layer.weight":
+        key = "lm_head.weight" if "lm_head.weight" in hf else "model.embed_tokens.weight"
+        return hf.read(key, 0, part)
+    if not name.startswith("decoder.layers."):
+        raise KeyError(f"no HF mapping for Megatron parameter {name}")
+    idx, rest = name[len("decoder.layers.") :].split(".", 1)
+    p = f"model.layers.{idx}."
+    if rest in mapping._LAYER_SIMPLE:  # one HF tensor: whole (norms) or a row-parallel column block
+        return hf.read(p + mapping._LAYER_SIMPLE[rest], 1 if split_kind(name) == "cols" else None, part)
+    if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+        kind = rest.rsplit(".", 1)[1]
+        local = replace(arch, num_heads=arch.num_heads // size, num_kv_heads=arch.num_kv_heads // size)
+        q, k, v = (hf.read(p + f"self_attn.{x}_proj.{kind}", 0, part) for x in "qkv")
+        return mapping._merge_qkv(q, k, v, local)
+    if rest == "mlp.linear_fc1.weight":
+        return torch.cat([hf.read(p + "mlp.gate_proj.weight", 0, part), hf.read(p + "mlp.up_proj.weight", 0, part)])
+    raise KeyError(f"no HF mapping for Megatron parameter {name}")
