@@ -3,6 +3,7 @@
 Layout of a run directory's ``checkpoints/``::
 
     step_000025/state.pt     learner (model, optimizer, scheduler), loop state, RNG states
+    step_000025/hf/          config and tokenizer files of the model (for `pc-megatron convert`)
     latest                   text file naming the newest complete checkpoint
 
 A checkpoint is written to ``step_N.tmp`` and renamed when complete; ``latest`` is replaced
@@ -41,7 +42,9 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def save_checkpoint(ckpt_root: Path, step: int, state: dict, keep_last: int) -> Path:
+def save_checkpoint(ckpt_root: Path, step: int, state: dict, keep_last: int, hf_side: Path | None = None) -> Path:
+    """``hf_side``: an HF folder whose config and tokenizer files go to ``step_N/hf/``, so that
+    ``pc-megatron convert --to hf`` can turn the checkpoint into an HF model on its own."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = ckpt_root / f"step_{step:06d}.tmp"
@@ -51,6 +54,11 @@ def save_checkpoint(ckpt_root: Path, step: int, state: dict, keep_last: int) -> 
         torch.save({**state, "rng": rng_state()}, f)
         f.flush()
         os.fsync(f.fileno())
+    if hf_side is not None:
+        (tmp / "hf").mkdir()
+        for f in Path(hf_side).iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".pt", ".index.json")):
+                shutil.copy2(f, tmp / "hf" / f.name)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     latest_tmp = ckpt_root / "latest.tmp"

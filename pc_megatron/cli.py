@@ -1,4 +1,4 @@
-"""``pc-megatron``: train, config show."""
+"""``pc-megatron``: train, warmstart, compare, convert, config show."""
 
 from __future__ import annotations
 
@@ -74,6 +74,18 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from pc_megatron.convert import hf_to_megatron, megatron_to_hf_folder
+
+    if args.to == "megatron":
+        res = hf_to_megatron(args.src, args.out, tp=args.tp, pp=args.pp)
+    else:
+        res = megatron_to_hf_folder(args.src, args.out, max_shard_gb=args.max_shard_gb)
+    gb = res["bytes"] / 1e9
+    print(f"{args.out}: {gb:.2f} GB in {res['seconds']:.1f} s ({gb / max(res['seconds'], 1e-9):.2f} GB/s)")
+    return 0
+
+
 def _recipe_and_overrides(args: argparse.Namespace) -> tuple[str, list[str]]:
     recipe, overrides = args.recipe or "tiny", list(args.overrides)
     if "=" in recipe:  # `pc-megatron CMD key=value ...` with the default recipe
@@ -109,6 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--methods", nargs="+", default=["grpo", "dapo", "pilot_commit"])
     p_cmp.add_argument("--target", type=float, help="held-out accuracy target (default: GRPO's best)")
     p_cmp.set_defaults(func=_compare)
+    p_cv = sub.add_parser("convert", help="HF <-> Megatron tensor-parallel shards (see pc_megatron/convert.py)")
+    p_cv.add_argument("--to", required=True, choices=["hf", "megatron"])
+    p_cv.add_argument("src", help="HF folder (--to megatron); shard folder, checkpoint or run directory (--to hf)")
+    p_cv.add_argument("out", help="output folder (must not exist; written atomically)")
+    p_cv.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the shards (--to megatron)")
+    p_cv.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (only 1 so far)")
+    p_cv.add_argument("--max-shard-gb", type=float, default=2.0, help="largest output safetensors file (--to hf)")
+    p_cv.set_defaults(func=_convert)
     p_cfg = sub.add_parser("config", help="config tools")
     cfg_sub = p_cfg.add_subparsers(dest="config_command", required=True)
     p_show = cfg_sub.add_parser("show", help="print the resolved config")

@@ -112,7 +112,7 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         loop["step"] = step
         loop["wall_s"] = wall_at_start + time.time() - t_start
         state = {"learner": learner.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop}
-        save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last)
+        save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, hf_side=policy_dir)
 
     if state is None:
         t0 = time.perf_counter()

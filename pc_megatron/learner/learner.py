@@ -275,6 +275,7 @@ class Learner:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
+            "tensor_parallel_size": self.parallel.tensor_parallel_size,
             "arch": self.arch.__dict__,
         }
 
@@ -284,6 +285,12 @@ class Learner:
                 k: (v, self.arch.__dict__.get(k)) for k, v in state["arch"].items() if self.arch.__dict__.get(k) != v
             }
             raise ModelFileError(f"checkpoint is from a different model (checkpoint vs this run: {diff})")
+        saved_tp = state.get("tensor_parallel_size", 1)
+        if saved_tp != self.parallel.tensor_parallel_size:
+            raise ModelFileError(
+                f"checkpoint was saved at tensor_parallel_size={saved_tp}, this run uses "
+                f"{self.parallel.tensor_parallel_size}; resume at the saved size (resharding is not supported yet)"
+            )
         params = dict(self.module.named_parameters())
         with torch.no_grad():
             for name, t in state["model"].items():

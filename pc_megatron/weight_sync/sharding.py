@@ -52,8 +52,8 @@ def check_divisible(arch: ArchSpec, tp: int) -> None:
     ):
         if value % tp:
             raise ConfigError(
-                f"learner.tensor_parallel_size={tp} does not divide the model's {what}={value}; "
-                "pick a tensor-parallel size that divides it"
+                f"tensor-parallel size {tp} does not divide the model's {what}={value}; pick a size "
+                "that divides it (learner.tensor_parallel_size, or convert --tp)"
             )
 
 
@@ -88,12 +88,14 @@ class HFTensors:
     row/column ranges, without loading anything else. Unreadable files and shards that the
     index names but the folder lacks fail with the file's name."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, file: str | None = None) -> None:
         from safetensors import SafetensorError, safe_open
 
         self.folder = Path(folder)
         index = self.folder / "model.safetensors.index.json"
-        if index.is_file():
+        if file is not None:
+            files = [file]
+        elif index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
             files = sorted(set(weight_map.values()))
             missing = [f for f in files if not (self.folder / f).is_file()]
@@ -113,6 +115,11 @@ class HFTensors:
             self._handles[f] = handle
             for key in handle.keys():
                 self.where[key] = f
+
+    @classmethod
+    def single(cls, path: str | Path) -> HFTensors:
+        """One safetensors file."""
+        return cls(Path(path).parent, Path(path).name)
 
     def __contains__(self, key: str) -> bool:
         return key in self.where

@@ -1,0 +1,206 @@
+"""Checkpoint conversion between Hugging Face folders and Megatron-Core tensor-parallel shards.
+
+    pc-megatron convert --to megatron HF_DIR OUT_DIR --tp N      HF  ->  Megatron shards
+    pc-megatron convert --to hf SRC OUT_DIR                       Megatron  ->  HF
+
+``SRC`` is a Megatron shard folder (written by ``--to megatron``), a training checkpoint
+(``RUN/checkpoints/step_N``), or a run directory (its latest checkpoint).
+
+Megatron shard folder::
+
+    pcm_model.json         {"format": 1, "tensor_parallel_size": T, "pipeline_parallel_size": 1}
+    tp00.safetensors ...   rank r's shard of every parameter, Megatron-Core (local spec) names
+    hf/                    config.json, tokenizer and generation files of the HF model
+
+Memory is bounded by a shard, never the model: ``--to megatron`` holds one rank's shard (read
+from safetensors slices); ``--to hf`` holds one full parameter plus one output file of at most
+``--max-shard-gb``. Output goes to ``OUT_DIR.tmp-<pid>`` and is renamed at the end, so a
+failure leaves no output folder behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from pc_megatron.errors import ModelFileError, UserError
+from pc_megatron.model.arch import ArchSpec, arch_from_hf_config, load_arch
+from pc_megatron.weight_sync.mapping import megatron_to_hf
+from pc_megatron.weight_sync.sharding import HFTensors, check_divisible, megatron_shard_from_hf, unshard
+
+FORMAT = 1
+META = "pcm_model.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".index.json")
+
+
+def megatron_param_names(arch: ArchSpec) -> list[str]:
+    """The parameters of Megatron-Core's GPTModel (local layer spec) for ``arch``, in order."""
+    names = ["embedding.word_embeddings.weight"]
+    for i in range(arch.num_layers):
+        p = f"decoder.layers.{i}."
+        names += [p + "input_layernorm.weight", p + "self_attention.linear_proj.weight"]
+        names += [p + "self_attention.linear_qkv.weight"]
+        names += [p + "self_attention.linear_qkv.bias"] if arch.qkv_bias else []
+        names += [p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight"] * arch.qk_norm
+        names += [p + "pre_mlp_layernorm.weight", p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
+    names.append("decoder.final_layernorm.weight")
+    if not arch.tie_word_embeddings:
+        names.append("output_layer.weight")
+    return names
+
+
+class _Output:
+    """A temporary folder renamed to ``final`` on success and removed on failure."""
+
+    def __init__(self, final: Path) -> None:
+        self.final = Path(final)
+        if self.final.exists():
+            raise UserError(f"{self.final} already exists; choose a new output folder or remove it")
+        self.tmp = self.final.with_name(f"{self.final.name}.tmp-{os.getpid()}")
+
+    def __enter__(self) -> Path:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True)
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            os.replace(self.tmp, self.final)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _copy_hf_side_files(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copy2(f, dst / f.name)
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+
+
+def hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, log=print) -> dict:
+    """Write the Megatron shard folder of an HF model at tensor-parallel size ``tp``."""
+    hf_dir = Path(hf_dir)
+    if pp != 1:
+        raise UserError("--pp > 1 is not supported yet: pipeline-parallel shards land with PP training")
+    arch = load_arch(hf_dir)
+    check_divisible(arch, tp)
+    hf = HFTensors(hf_dir)
+    t0, written = time.perf_counter(), 0
+    with _Output(Path(out_dir)) as tmp:
+        for rank in range(tp):
+            try:
+                shard = {n: megatron_shard_from_hf(n, hf, arch, rank, tp) for n in megatron_param_names(arch)}
+            except KeyError as e:
+                raise ModelFileError(f"{hf_dir}: {e.args[0]}; the weights do not match config.json") from None
+            _save(shard, tmp / f"tp{rank:02d}.safetensors")
+            written += sum(t.numel() * t.element_size() for t in shard.values())
+            del shard
+            log(f"tp{rank:02d}.safetensors written ({rank + 1}/{tp})")
+        _copy_hf_side_files(hf_dir, tmp / "hf")
+        (tmp / META).write_text(
+            json.dumps({"format": FORMAT, "tensor_parallel_size": tp, "pipeline_parallel_size": pp}, indent=2)
+        )
+    return {"bytes": written, "seconds": time.perf_counter() - t0}
+
+
+def _megatron_source(src: Path) -> tuple[ArchSpec, Path, Iterator[tuple[str, torch.Tensor]]]:
+    """(arch, folder with the HF side files, full Megatron tensors one at a time) of a shard
+    folder, a training checkpoint or a run directory."""
+    if (src / "checkpoints" / "latest").is_file():  # a run directory: its latest checkpoint
+        src = src / "checkpoints" / (src / "checkpoints" / "latest").read_text().strip()
+    side = src / "hf"
+    if not (side / "config.json").is_file():
+        raise ModelFileError(
+            f"{src}: no hf/config.json; pass a folder written by `pc-megatron convert --to megatron`, a "
+            "training checkpoint (RUN/checkpoints/step_N) or a run directory"
+        )
+    arch = arch_from_hf_config(json.loads((side / "config.json").read_text()), str(side / "config.json"))
+    if (src / META).is_file():
+        meta = json.loads((src / META).read_text())
+        if meta.get("format") != FORMAT:
+            raise ModelFileError(f"{src / META}: format {meta.get('format')} is not {FORMAT}")
+        tp = int(meta["tensor_parallel_size"])
+        files = [src / f"tp{r:02d}.safetensors" for r in range(tp)]
+        for f in files:
+            if not f.is_file():
+                raise ModelFileError(f"{src}: shard {f.name} is missing ({META} says tensor_parallel_size={tp})")
+        shards = [HFTensors.single(f) for f in files]
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            for name in megatron_param_names(arch):
+                if name not in shards[0]:
+                    raise ModelFileError(f"{files[0]}: lacks {name}; the shards do not match hf/config.json")
+                yield name, unshard(name, [s.read(name) for s in shards])
+
+        return arch, side, tensors()
+    state_path = src / "state.pt"
+    if not state_path.is_file():
+        raise ModelFileError(f"{src}: neither {META} nor state.pt; not a Megatron checkpoint")
+    try:  # memory-mapped: only the tensors read are paged in
+        state = torch.load(state_path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # torch raises several types for a damaged file
+        raise ModelFileError(f"{state_path}: unreadable checkpoint ({e})") from None
+    model = state["learner"]["model"]
+    tp = int(state["learner"].get("tensor_parallel_size", 1))
+    if tp != 1:
+        raise ModelFileError(f"{state_path}: saved at tensor_parallel_size={tp}; only TP=1 training checkpoints so far")
+    return arch, side, iter(model.items())
+
+
+def megatron_to_hf_folder(src: str | Path, out_dir: str | Path, max_shard_gb: float = 2.0, log=print) -> dict:
+    """Write an HF folder (sharded safetensors with index, config, tokenizer, generation config)."""
+    arch, side, tensors = _megatron_source(Path(src))
+    limit = int(max_shard_gb * 2**30)
+    t0, written = time.perf_counter(), 0
+    with _Output(Path(out_dir)) as tmp:
+        files: list[dict[str, torch.Tensor]] = []
+        current: dict[str, torch.Tensor] = {}
+        size = 0
+        weight_map: dict[str, str] = {}
+
+        def flush() -> None:
+            nonlocal current, size
+            if current:
+                name = f"part-{len(files):05d}.safetensors"
+                _save(current, tmp / name)
+                weight_map.update(dict.fromkeys(current, name))
+                files.append({})
+                log(f"{name} written ({size / 2**30:.2f} GiB)")
+            current, size = {}, 0
+
+        for mname, full in tensors:
+            try:
+                pairs = list(megatron_to_hf({mname: full}, arch))
+            except KeyError as e:
+                raise ModelFileError(f"{src}: {e.args[0]}") from None
+            for hname, t in pairs:
+                nbytes = t.numel() * t.element_size()
+                if size and size + nbytes > limit:
+                    flush()
+                current[hname] = t.clone()  # a view of an mmapped or shared tensor: own it
+                size += nbytes
+                written += nbytes
+        flush()
+        n = len(files)
+        final_names = {f"part-{i:05d}.safetensors": f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)}
+        for old, new in final_names.items():
+            os.replace(tmp / old, tmp / new)
+        index = {
+            "metadata": {"total_size": written},
+            "weight_map": {k: final_names[v] for k, v in sorted(weight_map.items())},
+        }
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        _copy_hf_side_files(side, tmp)
+    return {"bytes": written, "seconds": time.perf_counter() - t0, "files": len(final_names)}
