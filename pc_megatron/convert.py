@@ -105,6 +105,7 @@ def hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, tp: int = 1, pp: int
             except KeyError as e:
                 raise ModelFileError(f"{hf_dir}: {e.args[0]}; the weights do not match config.json") from None
             _save(shard, tmp / f"tp{rank:02d}.safetensors")
+            hf.release()
             written += sum(t.numel() * t.element_size() for t in shard.values())
             del shard
             log(f"tp{rank:02d}.safetensors written ({rank + 1}/{tp})")
@@ -139,10 +140,13 @@ def _megatron_source(src: Path) -> tuple[ArchSpec, Path, Iterator[tuple[str, tor
         shards = [HFTensors.single(f) for f in files]
 
         def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-            for name in megatron_param_names(arch):
+            for i, name in enumerate(megatron_param_names(arch)):
                 if name not in shards[0]:
                     raise ModelFileError(f"{files[0]}: lacks {name}; the shards do not match hf/config.json")
                 yield name, unshard(name, [s.read(name) for s in shards])
+                if i % 16 == 15:
+                    for s in shards:
+                        s.release()
 
         return arch, side, tensors()
     state_path = src / "state.pt"

@@ -116,6 +116,11 @@ class HFTensors:
             for key in handle.keys():
                 self.where[key] = f
 
+    def release(self) -> None:
+        """Unmap the files (reopened on the next read): the pages read so far stop counting
+        toward this process's resident memory."""
+        self._handles.clear()
+
     @classmethod
     def single(cls, path: str | Path) -> HFTensors:
         """One safetensors file."""
@@ -128,7 +133,12 @@ class HFTensors:
         """The tensor, or block ``part = (rank, size)`` of it along ``dim``."""
         if key not in self.where:
             raise KeyError(f"HF checkpoint lacks tensor {key}")
-        sl = self._handles[self.where[key]].get_slice(key)
+        f = self.where[key]
+        if f not in self._handles:
+            from safetensors import safe_open
+
+            self._handles[f] = safe_open(str(self.folder / f), framework="pt")
+        sl = self._handles[f].get_slice(key)
         if dim is None or part[1] == 1:
             return sl[:]
         rank, size = part
