@@ -27,6 +27,8 @@ def test_recipes_load_and_overrides_apply():
         ("learner.pipeline_parallel_size=2", "not supported yet"),
         ("scheduler.policy=ppo", "scheduler.policy: 'ppo' is not one of"),
         ("scheduler.pilot_samples=8", "scheduler.pilot_samples must be < algo.samples_per_prompt"),
+        ("learner.fp8=hybrid", "learner.fp8 needs learner.bf16=true"),
+        ("learner.sequence_parallel=true", "learner.sequence_parallel needs learner.tensor_parallel_size > 1"),
         ("data.synthetic.pool=medium", "data.synthetic.pool: unknown pool 'medium'; valid pools: hard, easy"),
         ("data.synthetic.easy_pass_band=[0.8,0.2]", "data.synthetic.easy_pass_band must be [low, high]"),
     ],
@@ -50,7 +52,7 @@ def test_cli_prints_one_error_line_without_traceback():
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert lines == [
         "error: override 'learner.lrr=1': unknown config key 'learner.lrr'; did you mean "
-        "learner.lr, learner.min_lr, learner.clip_grad?"
+        "learner.lr, learner.min_lr, learner.fp8?"
     ]
 
 

@@ -36,3 +36,33 @@ def test_bf16_learner_step_on_gpu(tiny_model_dir):
     for _ in range(5):
         last = learner.train_sft(batch)["loss"]
     assert last < first
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_fp8_forward_backward_close_to_bf16(tmp_path, recipe):
+    """TE spec, bf16 vs bf16 + FP8 GEMMs (hybrid) on a random Qwen2 with FP8-friendly shapes:
+    logits and gradients agree to FP8 precision."""
+    pytest.importorskip("transformer_engine")
+    from pc_megatron.algo import LossConfig
+    from pc_megatron.model.tiny import TinyModelConfig, create_tiny_model
+
+    folder = create_tiny_model(
+        TinyModelConfig(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512),
+        tmp_path / "m",
+    )
+    tokens = torch.randint(2, 23, (8, 32), generator=torch.Generator().manual_seed(0)).cuda()
+    batch = TokenBatch(tokens, torch.ones(8, 31))
+    out = {}
+    for name, fp8 in (("bf16", ""), ("fp8", "hybrid")):
+        learner = Learner(
+            folder, LearnerConfig(bf16=True, fp8=fp8, fp8_recipe=recipe, transformer_impl="transformer_engine"), seed=0
+        )
+        with torch.no_grad():
+            logits = learner._logits(tokens).float()
+        learner.train_rl(batch, learner.logprobs(batch), torch.linspace(-1, 1, 8), LossConfig(), 1.0)
+        grads = torch.cat([p.main_grad.flatten().float() for p in learner.module.parameters()])
+        out[name] = (logits, grads)
+    cos = torch.nn.functional.cosine_similarity
+    assert cos(out["bf16"][0].flatten(), out["fp8"][0].flatten(), dim=0) > 0.99
+    assert cos(out["bf16"][1], out["fp8"][1], dim=0) > 0.95
+

@@ -177,3 +177,11 @@ def test_learner_load_errors_name_the_file(tmp_path, tiny_model_dir):
     (broken / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(ModelFileError, match="names shard model-00002-of-00002.safetensors, which is not in"):
         Learner(broken, LearnerConfig(), seed=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_fp8_without_a_gpu_is_one_clear_error(tiny_model_dir):
+    from pc_megatron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="learner.fp8 needs a CUDA GPU with Transformer Engine"):
+        Learner(tiny_model_dir, LearnerConfig(bf16=True, fp8="hybrid"), seed=0)

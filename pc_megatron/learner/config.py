@@ -21,6 +21,14 @@ class LearnerConfig:
     or 'auto' (TE when CUDA and transformer_engine are available, else local)."""
     bf16: bool = False
     """Train in bf16 with fp32 master weights (GPU recipes); false = fp32 everywhere."""
+    fp8: str = ""
+    """FP8 GEMMs through Transformer Engine: '' (off), 'hybrid' (e4m3 forward, e5m2 backward) or
+    'e4m3'. Needs a GPU, the TE layer spec and bf16."""
+    fp8_recipe: str = "delayed"
+    """TE scaling recipe: 'delayed' or 'tensorwise' (Hopper); 'mxfp8', 'blockwise' (Blackwell)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (shards norms/dropout activations over the TP group);
+    needs tensor_parallel_size > 1 and a GPU (NCCL reduce-scatter)."""
     lr: float = 2e-4
     """Peak learning rate of the RL phase."""
     min_lr: float = 0.0
@@ -60,6 +68,16 @@ class LearnerConfig:
             raise ConfigError(f"learner.lr_decay_style: '{self.lr_decay_style}' is not one of constant, linear, cosine")
         if self.loss_impl not in ("auto", "triton", "torch"):
             raise ConfigError(f"learner.loss_impl: '{self.loss_impl}' is not one of auto, triton, torch")
+        if self.fp8 not in ("", "hybrid", "e4m3"):
+            raise ConfigError(f"learner.fp8: '{self.fp8}' is not one of '' (off), hybrid, e4m3")
+        if self.fp8 and not self.bf16:
+            raise ConfigError("learner.fp8 needs learner.bf16=true (FP8 GEMMs inside a bf16 model)")
+        if self.fp8_recipe not in ("delayed", "tensorwise", "mxfp8", "blockwise"):
+            raise ConfigError(
+                f"learner.fp8_recipe: '{self.fp8_recipe}' is not one of delayed, tensorwise, mxfp8, blockwise"
+            )
+        if self.sequence_parallel and self.tensor_parallel_size < 2:
+            raise ConfigError("learner.sequence_parallel needs learner.tensor_parallel_size > 1")
         if self.micro_batch_size < 1:
             raise ConfigError("learner.micro_batch_size must be >= 1")
         if self.lr <= 0:

@@ -69,7 +69,9 @@ class Learner:
         self.arch: ArchSpec = load_arch(model_dir)
         megatron_cpu.seed_model_parallel(seed)
         check_divisible(self.arch, cfg.tensor_parallel_size)
-        module = build_gpt_model(self.arch, cfg.transformer_impl, cfg.bf16)
+        module = build_gpt_model(
+            self.arch, cfg.transformer_impl, cfg.bf16, cfg.fp8, cfg.fp8_recipe, cfg.sequence_parallel
+        )
         self.device = next(module.parameters()).device
         self._load_hf(module, model_dir)
         self.model = DistributedDataParallel(

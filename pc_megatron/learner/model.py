@@ -16,11 +16,17 @@ def resolve_transformer_impl(requested: str) -> str:
     return "transformer_engine" if torch.cuda.is_available() and te else "local"
 
 
-def transformer_config(arch: ArchSpec, bf16: bool):
+def transformer_config(arch: ArchSpec, bf16: bool, fp8: str = "", fp8_recipe: str = "delayed", sp: bool = False):
+    from megatron.core import parallel_state as ps
     from megatron.core.transformer import TransformerConfig
 
     on_gpu = torch.cuda.is_available()
     return TransformerConfig(
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
+        sequence_parallel=sp,
+        fp8=fp8 or None,
+        fp8_recipe=fp8_recipe,
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_heads,
@@ -48,17 +54,26 @@ def transformer_config(arch: ArchSpec, bf16: bool):
     )
 
 
-def build_gpt_model(arch: ArchSpec, transformer_impl: str, bf16: bool):
+def build_gpt_model(
+    arch: ArchSpec, transformer_impl: str, bf16: bool, fp8: str = "", fp8_recipe: str = "delayed", sp: bool = False
+):
+    """Megatron-Core GPTModel for ``arch``. FP8 and sequence parallelism need the TE spec on a
+    GPU; asking for them elsewhere is a ConfigError."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     impl = resolve_transformer_impl(transformer_impl)
+    if (fp8 or sp) and impl != "transformer_engine":
+        from pc_megatron.errors import ConfigError
+
+        what = "learner.fp8" if fp8 else "learner.sequence_parallel"
+        raise ConfigError(f"{what} needs a CUDA GPU with Transformer Engine (this run uses the '{impl}' layer spec)")
     if impl == "transformer_engine":
         layer_spec = specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
     else:
         layer_spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
     model = GPTModel(
-        config=transformer_config(arch, bf16),
+        config=transformer_config(arch, bf16, fp8, fp8_recipe, sp),
         transformer_layer_spec=layer_spec,
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
