@@ -220,3 +220,20 @@ def test_bad_config_is_rejected():
         Scheduler(SchedulerConfig(policy="pilot_commit", pilot_samples=8), 10, 2, 8, 0)
     with pytest.raises(ConfigError, match="p_lower <= p_upper"):
         Scheduler(SchedulerConfig(p_lower=0.9, p_upper=0.1), 10, 2, 8, 0)
+
+
+def test_pass_rate_lower_bound_matches_the_closed_form_and_guards_eviction():
+    from pc_megatron.scheduler.core import pass_rate_lower_bound
+
+    for n in (2, 8, 32):  # all correct: (1 - confidence) ** (1 / n)
+        assert abs(pass_rate_lower_bound(n, n) - 0.05 ** (1 / n)) < 1e-9
+    assert pass_rate_lower_bound(0, 8) == 0.0
+    assert pass_rate_lower_bound(4, 8) < 0.5 < pass_rate_lower_bound(8, 8)
+    # the recipe's rule evicts every prompt whose 2-sample pilot is all correct; the guard does not
+    cfg = SchedulerConfig(policy="pilot_commit", pilot_samples=2, bind=False)
+    evicting, _, _ = run(cfg, 10)
+    guarded, _, _ = run(dataclasses.replace(cfg, evict_min_pass_rate=0.9), 10)
+    assert evicting.counts["evicted"] > 0 and guarded.counts["evicted"] == 0
+    # with 32-sample pilots the guard lets all-correct pilots evict, as the recipe does at n = 128
+    big, _, _ = run(dataclasses.replace(cfg, pilot_samples=32, evict_min_pass_rate=0.9), 5, n=64)
+    assert big.counts["evicted"] > 0

@@ -20,6 +20,8 @@ bound and unbound modes see the same prompts, and a restored scheduler continues
 
 from __future__ import annotations
 
+import functools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +58,11 @@ class SchedulerConfig:
     """Keep pilots with p̂ <= p_upper (inclusive); above: skipped this epoch."""
     p_evict: float = 1.0
     """Evict permanently at p̂ >= p_evict (1.0 = all pilot samples correct; > 1 = never evict)."""
+    evict_min_pass_rate: float = 0.0
+    """Also require the pilot to show, with 95% confidence (Clopper-Pearson lower bound), a pass
+    rate of at least this before evicting; 0 = the recipe's rule alone. With 0.9, an all-correct
+    pilot of 32 evicts (bound 0.911, the recipe's behaviour at n=128) but one of 2 or 8 does not
+    (bounds 0.22, 0.69): a small pilot cannot tell p = 0.9 from p = 1."""
     buffer_capacity: int = 0
     """Replay-buffer size cap, enforced after each round (oldest dropped first); 0 = 4 x B."""
     max_off_steps: int = 4
@@ -83,8 +90,27 @@ class SchedulerConfig:
             raise ConfigError("scheduler: need 0 <= p_lower <= p_upper <= 1 and p_evict > p_upper (> 1: never evict)")
         if self.gen_prompts_multiplier < 1 or self.max_rounds < 1 or self.max_off_steps < 0:
             raise ConfigError("scheduler: gen_prompts_multiplier and max_rounds must be >= 1, max_off_steps >= 0")
+        if not 0 <= self.evict_min_pass_rate <= 1:
+            raise ConfigError("scheduler.evict_min_pass_rate must be in [0, 1] (0 = the recipe's eviction rule)")
         if self.request_multiple < 1:
             raise ConfigError("scheduler.request_multiple must be >= 1 (the engine's data-parallel size; 1 = off)")
+
+
+@functools.lru_cache(maxsize=4096)
+def pass_rate_lower_bound(k: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided Clopper-Pearson lower bound on p after ``k`` of ``n`` correct: the smallest p
+    with P(X >= k | p) >= 1 - confidence (bisection on the binomial tail)."""
+    if k == 0:
+        return 0.0
+
+    def tail(p: float) -> float:
+        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if tail(mid) >= 1 - confidence else (mid, hi)
+    return hi
 
 
 @dataclass
@@ -292,8 +318,9 @@ class Scheduler:
     def _file_pilot(self, entry: _Entry) -> None:
         """Sort one pilot result into buffer / evicted / deferred / skipped."""
         p_hat, c = entry.p_hat, self.cfg
-        self.pilot_hist[sum(s.correct for s in entry.samples)] += 1
-        if p_hat >= c.p_evict:
+        correct = sum(s.correct for s in entry.samples)
+        self.pilot_hist[correct] += 1
+        if p_hat >= c.p_evict and pass_rate_lower_bound(correct, len(entry.samples)) >= c.evict_min_pass_rate:
             self.state[entry.prompt] = "evicted"
             self.counts["evicted"] += 1
         elif p_hat > c.p_upper:
