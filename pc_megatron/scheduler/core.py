@@ -195,6 +195,7 @@ class Scheduler:
             0,
         )
         self.tokens: dict[str, int] = dict.fromkeys(ROLLOUT_KEYS, 0)  # the same, in generated tokens
+        self.n_deferred = 0  # prompts in state "deferred" (a count kept, not a scan over the pool)
         self.pilot_hist = [0] * (self.n_p + 1)  # this step's filed pilots by number correct
 
     def _add(self, key: str, samples: list[Sample]) -> None:
@@ -212,6 +213,7 @@ class Scheduler:
         for e in self.buffer.values():  # the buffer is cleared at the epoch boundary
             self._add("wasted_flushed", e.samples)
         self.buffer.clear()
+        self.n_deferred = 0  # every deferred prompt is fresh again
         self.epoch, self.cursor = self.epoch + 1, 0
         for p, s in self.state.items():
             if s != "evicted":
@@ -253,7 +255,6 @@ class Scheduler:
             self._add("trained", g.samples)
         lags = [policy_version - s.policy_version for g in batch.groups for s in g.samples]
         ages = [step + 1 - e.planned_step for e in self.buffer.values()]  # as of the next step
-        states = list(self.state.values())
         batch.stats = {
             **{f"step_{k}": self.counts[k] - before[k] for k in self.counts},
             **{f"cum_{k}": v for k, v in self.counts.items()},
@@ -264,9 +265,10 @@ class Scheduler:
             "buffer_size": len(self.buffer),
             "buffer_age_mean": sum(ages) / len(ages) if ages else 0.0,
             "buffer_age_max": max(ages, default=0),
-            "pool_active": len(states) - states.count("evicted"),
-            "pool_evicted": states.count("evicted"),
-            "pool_deferred": states.count("deferred"),  # back at the next epoch
+            # eviction is permanent and happens once per prompt, so the cumulative count is the pool's
+            "pool_active": self.N - self.counts["evicted"],
+            "pool_evicted": self.counts["evicted"],
+            "pool_deferred": self.n_deferred,  # back at the next epoch
             "pilot_hist": list(self.pilot_hist),
             "epoch": self.epoch,
             "max_policy_lag": max(lags, default=0),
@@ -317,8 +319,8 @@ class Scheduler:
     # Pilot-Commit ---------------------------------------------------------------
     def _file_pilot(self, entry: _Entry) -> None:
         """Sort one pilot result into buffer / evicted / deferred / skipped."""
-        p_hat, c = entry.p_hat, self.cfg
-        correct = sum(s.correct for s in entry.samples)
+        c, correct = self.cfg, sum(s.correct for s in entry.samples)
+        p_hat = correct / len(entry.samples)
         self.pilot_hist[correct] += 1
         if p_hat >= c.p_evict and pass_rate_lower_bound(correct, len(entry.samples)) >= c.evict_min_pass_rate:
             self.state[entry.prompt] = "evicted"
@@ -327,6 +329,7 @@ class Scheduler:
             self.counts["skipped_easy"] += 1
         elif p_hat < c.p_lower:
             self.state[entry.prompt] = "deferred"
+            self.n_deferred += 1
             self.counts["deferred"] += 1
         else:
             self.buffer[entry.prompt] = entry
@@ -436,5 +439,6 @@ class Scheduler:
             raise ValueError(f"scheduler state is for {len(sd['state'])} prompts, this pool has {self.N}")
         self.epoch, self.cursor = sd["epoch"], sd["cursor"]
         self.state, self.counts, self.tokens = dict(sd["state"]), dict(sd["counts"]), dict(sd["tokens"])
+        self.n_deferred = sum(s == "deferred" for s in self.state.values())
         self.buffer = {p: _Entry(p, s, t) for p, s, t in sd["buffer"]}
         self.pending = [_Entry(p, s, t) for p, s, t in sd["pending"]]
