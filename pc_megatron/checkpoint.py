@@ -42,6 +42,17 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".index.json")
+
+
+def copy_hf_side_files(src: Path, dst: Path) -> None:
+    """Copy an HF folder's files other than weights (config, tokenizer, generation config)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in Path(src).iterdir():
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copy2(f, dst / f.name)
+
+
 def save_checkpoint(ckpt_root: Path, step: int, state: dict, keep_last: int, hf_side: Path | None = None) -> Path:
     """``hf_side``: an HF folder whose config and tokenizer files go to ``step_N/hf/``, so that
     ``pc-megatron convert --to hf`` can turn the checkpoint into an HF model on its own."""
@@ -55,10 +66,7 @@ def save_checkpoint(ckpt_root: Path, step: int, state: dict, keep_last: int, hf_
         f.flush()
         os.fsync(f.fileno())
     if hf_side is not None:
-        (tmp / "hf").mkdir()
-        for f in Path(hf_side).iterdir():
-            if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".pt", ".index.json")):
-                shutil.copy2(f, tmp / "hf" / f.name)
+        copy_hf_side_files(hf_side, tmp / "hf")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     latest_tmp = ckpt_root / "latest.tmp"
@@ -90,9 +98,7 @@ def export_hf(named_tensors: Iterable[tuple[str, torch.Tensor]], like_dir: Path,
     tmp = out_dir.with_name(f"{out_dir.name}.{os.getpid()}.tmp")  # concurrent writers do not collide
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for f in Path(like_dir).iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors") and not f.name.endswith(".index.json"):
-            shutil.copy2(f, tmp / f.name)
+    copy_hf_side_files(Path(like_dir), tmp)
     tensors = {n: t.detach().to("cpu").contiguous() for n, t in named_tensors}
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     shutil.rmtree(out_dir, ignore_errors=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from pc_megatron.checkpoint import copy_hf_side_files
 from pc_megatron.errors import ModelFileError, UserError
 from pc_megatron.model.arch import ArchSpec, arch_from_hf_config, load_arch
 from pc_megatron.weight_sync.mapping import megatron_to_hf
@@ -36,7 +37,6 @@ from pc_megatron.weight_sync.sharding import HFTensors, check_divisible, megatro
 
 FORMAT = 1
 META = "pcm_model.json"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".index.json")
 
 
 def megatron_param_names(arch: ArchSpec) -> list[str]:
@@ -76,13 +76,6 @@ class _Output:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _copy_hf_side_files(src: Path, dst: Path) -> None:
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
-            shutil.copy2(f, dst / f.name)
-
-
 def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -109,7 +102,7 @@ def hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, tp: int = 1, pp: int
             written += sum(t.numel() * t.element_size() for t in shard.values())
             del shard
             log(f"tp{rank:02d}.safetensors written ({rank + 1}/{tp})")
-        _copy_hf_side_files(hf_dir, tmp / "hf")
+        copy_hf_side_files(hf_dir, tmp / "hf")
         (tmp / META).write_text(
             json.dumps({"format": FORMAT, "tensor_parallel_size": tp, "pipeline_parallel_size": pp}, indent=2)
         )
@@ -169,18 +162,18 @@ def megatron_to_hf_folder(src: str | Path, out_dir: str | Path, max_shard_gb: fl
     limit = int(max_shard_gb * 2**30)
     t0, written = time.perf_counter(), 0
     with _Output(Path(out_dir)) as tmp:
-        files: list[dict[str, torch.Tensor]] = []
+        n = 0  # files written
         current: dict[str, torch.Tensor] = {}
         size = 0
         weight_map: dict[str, str] = {}
 
         def flush() -> None:
-            nonlocal current, size
+            nonlocal current, size, n
             if current:
-                name = f"part-{len(files):05d}.safetensors"
+                name = f"part-{n:05d}.safetensors"
                 _save(current, tmp / name)
                 weight_map.update(dict.fromkeys(current, name))
-                files.append({})
+                n += 1
                 log(f"{name} written ({size / 2**30:.2f} GiB)")
             current, size = {}, 0
 
@@ -197,7 +190,6 @@ def megatron_to_hf_folder(src: str | Path, out_dir: str | Path, max_shard_gb: fl
                 size += nbytes
                 written += nbytes
         flush()
-        n = len(files)
         final_names = {f"part-{i:05d}.safetensors": f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)}
         for old, new in final_names.items():
             os.replace(tmp / old, tmp / new)
@@ -206,5 +198,5 @@ def megatron_to_hf_folder(src: str | Path, out_dir: str | Path, max_shard_gb: fl
             "weight_map": {k: final_names[v] for k, v in sorted(weight_map.items())},
         }
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        _copy_hf_side_files(side, tmp)
+        copy_hf_side_files(side, tmp)
     return {"bytes": written, "seconds": time.perf_counter() - t0, "files": len(final_names)}

@@ -33,20 +33,30 @@ POOL_FORMAT = 1  # bump when the selection changes, to invalidate cached pools
 MAX_CHUNKS = 8  # candidate chunks of 4 x num_train prompts before giving up
 
 
-@torch.no_grad()
-def answer_pass_rates(model_dir: str | Path, rows: list[PromptRow], temperature: float, batch_size: int = 1024):
-    """``P(answer + EOS | prompt)`` for each row under the HF model at ``model_dir``."""
+def pass_rate_scorer(model_dir: str | Path, temperature: float, batch_size: int = 1024):
+    """A function ``rows -> [P(answer + EOS | prompt)]`` under the HF model at ``model_dir``
+    (loaded once, for any number of calls)."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    out: list[float] = []
-    for start in range(0, len(rows), batch_size):
-        batch = sft_batch(tokenizer, rows[start : start + batch_size])
-        logits = model(input_ids=batch.tokens).logits[:, :-1].float() / temperature
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.tokens[:, 1:, None]).squeeze(-1)
-        out += (logp * batch.loss_mask).sum(1).exp().tolist()
-    return out
+
+    @torch.no_grad()
+    def score(rows: list[PromptRow]) -> list[float]:
+        out: list[float] = []
+        for start in range(0, len(rows), batch_size):
+            batch = sft_batch(tokenizer, rows[start : start + batch_size])
+            logits = model(input_ids=batch.tokens).logits[:, :-1].float() / temperature
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.tokens[:, 1:, None]).squeeze(-1)
+            out += (logp * batch.loss_mask).sum(1).exp().tolist()
+        return out
+
+    return score
+
+
+def answer_pass_rates(model_dir: str | Path, rows: list[PromptRow], temperature: float) -> list[float]:
+    """``P(answer + EOS | prompt)`` for each row under the HF model at ``model_dir``."""
+    return pass_rate_scorer(model_dir, temperature)(rows)
 
 
 def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -> Task:
@@ -64,11 +74,12 @@ def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -
     exclude = {r.prompt for r in task.eval}  # the held-out split stays held out
     chosen: list[PromptRow] = []
     seen = 0
+    score = pass_rate_scorer(policy_dir, cfg.rollout.temperature)
     for chunk in range(MAX_CHUNKS):
         candidates = pool_candidates(syn, 4 * syn.num_train, exclude, chunk)
         if not candidates:
             break
-        rates = answer_pass_rates(policy_dir, candidates, cfg.rollout.temperature)
+        rates = score(candidates)
         seen += len(candidates)
         for row, rate in zip(candidates, rates, strict=True):
             exclude.add(row.prompt)

@@ -65,4 +65,3 @@ def test_fp8_forward_backward_close_to_bf16(tmp_path, recipe):
     cos = torch.nn.functional.cosine_similarity
     assert cos(out["bf16"][0].flatten(), out["fp8"][0].flatten(), dim=0) > 0.99
     assert cos(out["bf16"][1], out["fp8"][1], dim=0) > 0.95
-

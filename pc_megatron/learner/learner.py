@@ -39,20 +39,9 @@ class TokenBatch:
 
 
 def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    model_dir = Path(model_dir)
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ModelFileError(f"{model_dir}: no *.safetensors weights found; export the model in safetensors format")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            out.update(load_file(f))
-        except (SafetensorError, OSError) as e:
-            raise ModelFileError(f"{f}: unreadable safetensors file ({e}); re-export or re-download it") from None
-    return out
+    """Every tensor of an HF folder, whole (the learner itself reads only its shards)."""
+    hf = HFTensors(model_dir)
+    return {key: hf.read(key) for key in hf.where}
 
 
 class Learner:

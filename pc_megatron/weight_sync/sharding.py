@@ -57,21 +57,9 @@ def check_divisible(arch: ArchSpec, tp: int) -> None:
             )
 
 
-def shard(name: str, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-    """Rank ``rank``'s part of a full Megatron tensor."""
-    kind = split_kind(name)
-    if kind == "rows":
-        return full.chunk(size, 0)[rank]
-    if kind == "cols":
-        return full.chunk(size, 1)[rank]
-    if kind == "glu":
-        gate, up = full.chunk(2, 0)
-        return torch.cat([gate.chunk(size, 0)[rank], up.chunk(size, 0)[rank]])
-    return full
-
-
 def unshard(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
-    """The full Megatron tensor from every rank's shard, in rank order (inverse of ``shard``)."""
+    """The full Megatron tensor from every rank's shard, in rank order (the inverse of the split
+    that ``megatron_shard_from_hf`` reads)."""
     kind = split_kind(name)
     if kind == "rows":
         return torch.cat(shards, 0)
@@ -89,7 +77,7 @@ class HFTensors:
     index names but the folder lacks fail with the file's name."""
 
     def __init__(self, folder: str | Path, file: str | None = None) -> None:
-        from safetensors import SafetensorError, safe_open
+        from safetensors import SafetensorError
 
         self.folder = Path(folder)
         index = self.folder / "model.safetensors.index.json"
@@ -104,17 +92,27 @@ class HFTensors:
         else:
             files = sorted(p.name for p in self.folder.glob("*.safetensors"))
             if not files:
-                raise ModelFileError(f"{self.folder}: no *.safetensors weights found")
+                raise ModelFileError(
+                    f"{self.folder}: no *.safetensors weights found; export the model in safetensors format"
+                )
         self._handles = {}
         self.where: dict[str, str] = {}
         for f in files:
             try:
-                handle = safe_open(str(self.folder / f), framework="pt")
+                keys = self._handle(f).keys()
             except (SafetensorError, OSError) as e:
-                raise ModelFileError(f"{self.folder / f}: unreadable safetensors file ({e}); re-export it") from None
-            self._handles[f] = handle
-            for key in handle.keys():
-                self.where[key] = f
+                raise ModelFileError(
+                    f"{self.folder / f}: unreadable safetensors file ({e}); re-export or re-download it"
+                ) from None
+            self.where.update(dict.fromkeys(keys, f))
+
+    def _handle(self, file: str):
+        """The open (memory-mapped) file, opened on first use and after ``release``."""
+        if file not in self._handles:
+            from safetensors import safe_open
+
+            self._handles[file] = safe_open(str(self.folder / file), framework="pt")
+        return self._handles[file]
 
     def release(self) -> None:
         """Unmap the files (reopened on the next read): the pages read so far stop counting
@@ -133,12 +131,7 @@ class HFTensors:
         """The tensor, or block ``part = (rank, size)`` of it along ``dim``."""
         if key not in self.where:
             raise KeyError(f"HF checkpoint lacks tensor {key}")
-        f = self.where[key]
-        if f not in self._handles:
-            from safetensors import safe_open
-
-            self._handles[f] = safe_open(str(self.folder / f), framework="pt")
-        sl = self._handles[f].get_slice(key)
+        sl = self._handle(self.where[key]).get_slice(key)
         if dim is None or part[1] == 1:
             return sl[:]
         rank, size = part
