@@ -2,7 +2,9 @@
 
 Layout of a run directory's ``checkpoints/``::
 
-    step_000025/state.pt     learner (model, optimizer, scheduler), loop state, RNG states
+    step_000025/learner/     model, optimizer and lr schedule: a Megatron-Core distributed
+                             checkpoint (loadable at any TP/PP; see Learner.save)
+    step_000025/state.pt     scheduler and loop state, RNG states
     step_000025/hf/          config and tokenizer files of the model (for `pc-megatron convert`)
     latest                   text file naming the newest complete checkpoint
 
@@ -53,14 +55,19 @@ def copy_hf_side_files(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
-def save_checkpoint(ckpt_root: Path, step: int, state: dict, keep_last: int, hf_side: Path | None = None) -> Path:
-    """``hf_side``: an HF folder whose config and tokenizer files go to ``step_N/hf/``, so that
-    ``pc-megatron convert --to hf`` can turn the checkpoint into an HF model on its own."""
+def save_checkpoint(
+    ckpt_root: Path, step: int, state: dict, keep_last: int, hf_side: Path | None = None, learner=None
+) -> Path:
+    """``learner``: saved to ``step_N/learner/`` (``Learner.save``). ``hf_side``: an HF folder
+    whose config and tokenizer files go to ``step_N/hf/``, so that ``pc-megatron convert --to
+    hf`` can turn the checkpoint into an HF model on its own."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = ckpt_root / f"step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    if learner is not None:
+        learner.save(tmp / "learner")
     with open(tmp / "state.pt", "wb") as f:
         torch.save({**state, "rng": rng_state()}, f)
         f.flush()
@@ -79,14 +86,22 @@ def save_checkpoint(ckpt_root: Path, step: int, state: dict, keep_last: int, hf_
     return final
 
 
-def load_latest(ckpt_root: Path) -> dict | None:
+def load_latest(ckpt_root: Path) -> tuple[dict, Path] | None:
+    """``(loop state, checkpoint folder)`` of the newest complete checkpoint, or None."""
     latest = ckpt_root / "latest"
     if not latest.is_file():
         return None
-    path = ckpt_root / latest.read_text().strip() / "state.pt"
+    folder = ckpt_root / latest.read_text().strip()
+    path = folder / "state.pt"
     if not path.is_file():
         raise ModelFileError(f"{path}: checkpoint named by {latest} is missing; the run directory was modified")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if "learner" in state:
+        raise ModelFileError(
+            f"{folder}: a checkpoint in the earlier format (learner state inside state.pt), which this version "
+            "cannot resume; resume it with the pc-megatron version that wrote it, or start a new run directory"
+        )
+    return state, folder
 
 
 def export_hf(named_tensors: Iterable[tuple[str, torch.Tensor]], like_dir: Path, out_dir: Path) -> Path:

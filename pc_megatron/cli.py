@@ -23,7 +23,7 @@ def _quiet() -> None:
 def _train(args: argparse.Namespace) -> int:
     from pc_megatron.config import load_config
     from pc_megatron.errors import ConfigError
-    from pc_megatron.train import train
+    from pc_megatron.train import follow, train
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -37,6 +37,10 @@ def _train(args: argparse.Namespace) -> int:
     else:
         recipe, overrides = _recipe_and_overrides(args)
         cfg = load_config(recipe, overrides)
+    if int(os.environ.get("RANK", "0")) > 0:  # torchrun: a learner rank; rank 0 runs the loop
+        follow(cfg)
+        return 0
+    if not args.resume:
         name = cfg.name or f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.out_dir) / name
         if (run_dir / "checkpoints").exists():
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p_cv.add_argument("src", help="HF folder (--to megatron); shard folder, checkpoint or run directory (--to hf)")
     p_cv.add_argument("out", help="output folder (must not exist; written atomically)")
     p_cv.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the shards (--to megatron)")
-    p_cv.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (only 1 so far)")
+    p_cv.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the shards (--to megatron)")
     p_cv.add_argument("--max-shard-gb", type=float, default=2.0, help="largest output safetensors file (--to hf)")
     p_cv.set_defaults(func=_convert)
     p_cfg = sub.add_parser("config", help="config tools")

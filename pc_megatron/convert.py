@@ -1,21 +1,25 @@
-"""Checkpoint conversion between Hugging Face folders and Megatron-Core tensor-parallel shards.
+"""Checkpoint conversion between Hugging Face folders and Megatron-Core shards.
 
-    pc-megatron convert --to megatron HF_DIR OUT_DIR --tp N      HF  ->  Megatron shards
-    pc-megatron convert --to hf SRC OUT_DIR                       Megatron  ->  HF
+    pc-megatron convert --to megatron HF_DIR OUT_DIR --tp N --pp M     HF  ->  Megatron shards
+    pc-megatron convert --to hf SRC OUT_DIR                             Megatron  ->  HF
 
 ``SRC`` is a Megatron shard folder (written by ``--to megatron``), a training checkpoint
-(``RUN/checkpoints/step_N``), or a run directory (its latest checkpoint).
+(``RUN/checkpoints/step_N``, saved at any TP/PP/DP), or a run directory (its latest checkpoint).
 
 Megatron shard folder::
 
-    pcm_model.json         {"format": 1, "tensor_parallel_size": T, "pipeline_parallel_size": 1}
-    tp00.safetensors ...   rank r's shard of every parameter, Megatron-Core (local spec) names
-    hf/                    config.json, tokenizer and generation files of the HF model
+    pcm_model.json           {"format": 1, "tensor_parallel_size": T, "pipeline_parallel_size": P}
+    tp00.safetensors ...     (P = 1) TP rank r's shard of every parameter
+    tp00-pp00.safetensors    (P > 1) TP rank r's shard of the parameters of pipeline stage s
+    hf/                      config.json, tokenizer and generation files of the HF model
+
+Tensor names are Megatron-Core (local spec) names with global layer numbers. With tied
+embeddings the last stage's copy of the embedding is not stored (it is the first stage's).
 
 Memory is bounded by a shard, never the model: ``--to megatron`` holds one rank's shard (read
-from safetensors slices); ``--to hf`` holds one full parameter plus one output file of at most
-``--max-shard-gb``. Output goes to ``OUT_DIR.tmp-<pid>`` and is renamed at the end, so a
-failure leaves no output folder behind.
+from safetensors slices); ``--to hf`` holds one full parameter (from a training checkpoint: one
+layer's parameters) plus one output file of at most ``--max-shard-gb``. Output goes to
+``OUT_DIR.tmp-<pid>`` and is renamed at the end, so a failure leaves no output folder behind.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ import torch
 
 from pc_megatron.checkpoint import copy_hf_side_files
 from pc_megatron.errors import ModelFileError, UserError
+from pc_megatron.learner.learner import CHECKPOINT_META
 from pc_megatron.model.arch import ArchSpec, arch_from_hf_config, load_arch
 from pc_megatron.weight_sync.mapping import megatron_to_hf
-from pc_megatron.weight_sync.sharding import HFTensors, check_divisible, megatron_shard_from_hf, unshard
+from pc_megatron.weight_sync.sharding import HFTensors, check_divisible, megatron_shard_from_hf, pipeline_stage, unshard
 
 FORMAT = 1
 META = "pcm_model.json"
@@ -76,6 +81,10 @@ class _Output:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def shard_file(tp_rank: int, pp_rank: int, pp: int) -> str:
+    return f"tp{tp_rank:02d}.safetensors" if pp == 1 else f"tp{tp_rank:02d}-pp{pp_rank:02d}.safetensors"
+
+
 def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -83,25 +92,28 @@ def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, log=print) -> dict:
-    """Write the Megatron shard folder of an HF model at tensor-parallel size ``tp``."""
+    """Write the Megatron shard folder of an HF model at tensor-parallel size ``tp`` and
+    pipeline-parallel size ``pp``, one (TP rank, stage) shard at a time."""
     hf_dir = Path(hf_dir)
-    if pp != 1:
-        raise UserError("--pp > 1 is not supported yet: pipeline-parallel shards land with PP training")
     arch = load_arch(hf_dir)
-    check_divisible(arch, tp)
+    check_divisible(arch, tp, pp)
     hf = HFTensors(hf_dir)
     t0, written = time.perf_counter(), 0
+    names = megatron_param_names(arch)
     with _Output(Path(out_dir)) as tmp:
-        for rank in range(tp):
-            try:
-                shard = {n: megatron_shard_from_hf(n, hf, arch, rank, tp) for n in megatron_param_names(arch)}
-            except KeyError as e:
-                raise ModelFileError(f"{hf_dir}: {e.args[0]}; the weights do not match config.json") from None
-            _save(shard, tmp / f"tp{rank:02d}.safetensors")
-            hf.release()
-            written += sum(t.numel() * t.element_size() for t in shard.values())
-            del shard
-            log(f"tp{rank:02d}.safetensors written ({rank + 1}/{tp})")
+        for stage in range(pp):
+            mine = [n for n in names if pipeline_stage(n, arch, pp) == stage]
+            for rank in range(tp):
+                try:
+                    shard = {n: megatron_shard_from_hf(n, hf, arch, rank, tp) for n in mine}
+                except KeyError as e:
+                    raise ModelFileError(f"{hf_dir}: {e.args[0]}; the weights do not match config.json") from None
+                name = shard_file(rank, stage, pp)
+                _save(shard, tmp / name)
+                hf.release()
+                written += sum(t.numel() * t.element_size() for t in shard.values())
+                del shard
+                log(f"{name} written ({stage * tp + rank + 1}/{tp * pp})")
         copy_hf_side_files(hf_dir, tmp / "hf")
         (tmp / META).write_text(
             json.dumps({"format": FORMAT, "tensor_parallel_size": tp, "pipeline_parallel_size": pp}, indent=2)
@@ -125,35 +137,45 @@ def _megatron_source(src: Path) -> tuple[ArchSpec, Path, Iterator[tuple[str, tor
         meta = json.loads((src / META).read_text())
         if meta.get("format") != FORMAT:
             raise ModelFileError(f"{src / META}: format {meta.get('format')} is not {FORMAT}")
-        tp = int(meta["tensor_parallel_size"])
-        files = [src / f"tp{r:02d}.safetensors" for r in range(tp)]
-        for f in files:
+        tp, pp = int(meta["tensor_parallel_size"]), int(meta.get("pipeline_parallel_size", 1))
+        check_divisible(arch, tp, pp)
+        files = {(r, s): src / shard_file(r, s, pp) for s in range(pp) for r in range(tp)}
+        for f in files.values():
             if not f.is_file():
-                raise ModelFileError(f"{src}: shard {f.name} is missing ({META} says tensor_parallel_size={tp})")
-        shards = [HFTensors.single(f) for f in files]
+                raise ModelFileError(
+                    f"{src}: shard {f.name} is missing ({META} says tensor_parallel_size={tp}, "
+                    f"pipeline_parallel_size={pp})"
+                )
+        shards = {k: HFTensors.single(f) for k, f in files.items()}
 
         def tensors() -> Iterator[tuple[str, torch.Tensor]]:
             for i, name in enumerate(megatron_param_names(arch)):
-                if name not in shards[0]:
-                    raise ModelFileError(f"{files[0]}: lacks {name}; the shards do not match hf/config.json")
-                yield name, unshard(name, [s.read(name) for s in shards])
+                stage = pipeline_stage(name, arch, pp)
+                parts = [shards[(r, stage)] for r in range(tp)]
+                if name not in parts[0]:
+                    raise ModelFileError(f"{files[(0, stage)]}: lacks {name}; the shards do not match hf/config.json")
+                yield name, unshard(name, [s.read(name) for s in parts])
                 if i % 16 == 15:
-                    for s in shards:
+                    for s in parts:
                         s.release()
 
         return arch, side, tensors()
-    state_path = src / "state.pt"
-    if not state_path.is_file():
-        raise ModelFileError(f"{src}: neither {META} nor state.pt; not a Megatron checkpoint")
-    try:  # memory-mapped: only the tensors read are paged in
-        state = torch.load(state_path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:  # torch raises several types for a damaged file
-        raise ModelFileError(f"{state_path}: unreadable checkpoint ({e})") from None
-    model = state["learner"]["model"]
-    tp = int(state["learner"].get("tensor_parallel_size", 1))
-    if tp != 1:
-        raise ModelFileError(f"{state_path}: saved at tensor_parallel_size={tp}; only TP=1 training checkpoints so far")
-    return arch, side, iter(model.items())
+    learner = src / "learner"
+    if (learner / CHECKPOINT_META).is_file():
+        from pc_megatron.learner.dist_reader import read_learner_checkpoint
+
+        saved = json.loads((learner / CHECKPOINT_META).read_text())
+        if saved.get("arch") != arch.__dict__:
+            raise ModelFileError(
+                f"{learner}: the learner checkpoint and {side / 'config.json'} describe different models"
+            )
+        return arch, side, read_learner_checkpoint(learner, arch, megatron_param_names(arch))
+    if (src / "state.pt").is_file():
+        raise ModelFileError(
+            f"{src}: a checkpoint in the earlier format (learner state inside state.pt), which this "
+            "version no longer reads; convert it with the pc-megatron version that wrote it"
+        )
+    raise ModelFileError(f"{src}: neither {META} nor learner/{CHECKPOINT_META}; not a Megatron checkpoint")
 
 
 def megatron_to_hf_folder(src: str | Path, out_dir: str | Path, max_shard_gb: float = 2.0, log=print) -> dict:

@@ -33,7 +33,8 @@ from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
 from pc_megatron.data.task import prepare_task
 from pc_megatron.errors import ConfigError
 from pc_megatron.evaluate import evaluate
-from pc_megatron.learner import Learner
+from pc_megatron.learner.controller import make_learner, serve, stop_serving
+from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.tiny import load_tokenizer
 from pc_megatron.observability import MetricsLog, eval_curve, format_table, plot_accuracy, read_metrics
 from pc_megatron.pools import select_pool
@@ -57,12 +58,27 @@ def timed(times: dict[str, float], phase: str):
     times[key] = times.get(key, 0.0) + time.perf_counter() - t0
 
 
+def follow(cfg: Any) -> None:
+    """A learner rank other than 0 under torchrun: hold this rank's part of the learner and
+    repeat rank 0's learner calls until the run ends (pc_megatron/learner/controller.py)."""
+    torch.set_num_threads(cfg.threads)
+    init_parallel(cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size)
+    serve()
+
+
 def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
+    """The RL run. Under torchrun this is rank 0 (the controller); the other ranks run ``follow``."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(
-            "pc-megatron train runs the RL loop in one process for now (WORLD_SIZE > 1 found); tensor "
-            "parallelism is available to the Learner under torchrun (tests/test_tensor_parallel.py)"
-        )
+        if int(os.environ.get("RANK", "0")) != 0:
+            raise ConfigError("train() runs on rank 0 under torchrun; the other ranks run follow(cfg)")
+        init_parallel(cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size)
+    summary = _train(cfg, run_dir, resume)
+    # on an error the other ranks are not told: the launcher ends them when this rank exits
+    stop_serving()
+    return summary
+
+
+def _train(cfg: Any, run_dir: Path, resume: bool) -> dict:
     t_start = time.time()
     torch.set_num_threads(cfg.threads)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -73,19 +89,20 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
     task = select_pool(cfg, task, policy_dir, progress=cfg.progress)
     tokenizer = load_tokenizer(policy_dir)
     reward = build_reward(cfg.reward)
-    learner = Learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed)
+    learner = make_learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed)
     engine = build_engine(OmegaConf.to_object(cfg.rollout), policy_dir)
     B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
     scheduler = Scheduler(OmegaConf.to_object(cfg.scheduler), len(task.train), B, n, seed=cfg.seed)
     sampling = OmegaConf.to_object(cfg.rollout).sampling()
     loss_cfg = OmegaConf.to_object(cfg.algo.loss)
     ref_logp_needed = loss_cfg.kl_coef > 0
-    ref_learner = Learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed) if ref_logp_needed else None
+    ref_learner = make_learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed) if ref_logp_needed else None
 
     loop = {"step": 0, "cum_generated_tokens": 0, "last_eval_accuracy": float("nan"), "wall_s": 0.0}
-    state = load_latest(run_dir / "checkpoints") if resume else None
-    if state is not None:
-        learner.load_state_dict(state["learner"])
+    found = load_latest(run_dir / "checkpoints") if resume else None
+    state = found[0] if found else None
+    if found is not None:
+        learner.load(found[1] / "learner")
         scheduler.load_state_dict(state["scheduler"])
         loop = state["loop"]
         set_rng_state(state["rng"])
@@ -111,8 +128,10 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
     def checkpoint(step: int) -> None:
         loop["step"] = step
         loop["wall_s"] = wall_at_start + time.time() - t_start
-        state = {"learner": learner.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop}
-        save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, hf_side=policy_dir)
+        state = {"scheduler": scheduler.state_dict(), "loop": loop}
+        save_checkpoint(
+            run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, hf_side=policy_dir, learner=learner
+        )
 
     if state is None:
         t0 = time.perf_counter()

@@ -19,7 +19,8 @@ from pc_megatron.data.sampler import PromptSampler
 from pc_megatron.data.synthetic import split_fields
 from pc_megatron.data.task import Task, cache_root, config_hash
 from pc_megatron.errors import ConfigError
-from pc_megatron.learner import Learner, TokenBatch
+from pc_megatron.learner import TokenBatch
+from pc_megatron.learner.controller import make_learner
 from pc_megatron.model.arch import load_arch
 from pc_megatron.model.tiny import create_tiny_model, load_tokenizer
 
@@ -90,7 +91,7 @@ def ensure_warm_start(cfg: Any, task: Task, progress: bool = True) -> Path:
         lr_decay_style="cosine",
         lr_decay_steps=ws.steps,
     )
-    learner = Learner(base, learner_cfg, seed=0)
+    learner = make_learner(base, learner_cfg, seed=0)
     tokenizer = load_tokenizer(base)
     sampler = PromptSampler(len(task.sft), seed=0)
     t0, losses = time.time(), []

@@ -24,7 +24,7 @@ def test_recipes_load_and_overrides_apply():
         ("algo.prompts_per_step=0", "algo.prompts_per_step must be > 0"),
         ("rollout.backend=sglang", "rollout.backend: 'sglang' is not available"),
         ("data.synthetic.mix.div9=1", "unknown family ['div9']"),
-        ("learner.pipeline_parallel_size=2", "not supported yet"),
+        ("learner.pipeline_parallel_size=0", "learner.pipeline_parallel_size must be >= 1"),
         ("scheduler.policy=ppo", "scheduler.policy: 'ppo' is not one of"),
         ("scheduler.pilot_samples=8", "scheduler.pilot_samples must be < algo.samples_per_prompt"),
         ("learner.fp8=hybrid", "learner.fp8 needs learner.bf16=true"),

@@ -1,4 +1,5 @@
-"""`pc-megatron convert`: HF <-> Megatron tensor-parallel shards, training checkpoint -> HF."""
+"""`pc-megatron convert`: HF <-> Megatron TP/PP shards, training checkpoint -> HF. (Training
+checkpoints saved at TP=2 and PP=2 are converted in test_parallel.py.)"""
 
 import json
 import shutil
@@ -36,10 +37,13 @@ def test_param_names_match_the_megatron_model(hf_model):
     assert megatron_param_names(load_arch(hf_model)) == [n for n, _ in learner.module.named_parameters()]
 
 
-def test_hf_to_megatron_tp2_to_hf_round_trip_loads_in_transformers(hf_model, tmp_path):
-    assert main(["convert", "--to", "megatron", str(hf_model), str(tmp_path / "mg"), "--tp", "2"]) == 0
+@pytest.mark.parametrize(("tp", "pp", "last"), [(2, 1, "tp01.safetensors"), (2, 2, "tp01-pp01.safetensors")])
+def test_hf_to_megatron_to_hf_round_trip_loads_in_transformers(hf_model, tmp_path, tp, pp, last):
+    cmd = ["convert", "--to", "megatron", str(hf_model), str(tmp_path / "mg"), "--tp", str(tp), "--pp", str(pp)]
+    assert main(cmd) == 0
     meta = json.loads((tmp_path / "mg" / "pcm_model.json").read_text())
-    assert meta["tensor_parallel_size"] == 2 and (tmp_path / "mg" / "tp01.safetensors").is_file()
+    assert (meta["tensor_parallel_size"], meta["pipeline_parallel_size"]) == (tp, pp)
+    assert len(list((tmp_path / "mg").glob("*.safetensors"))) == tp * pp and (tmp_path / "mg" / last).is_file()
     # a tiny output-file limit forces several files and an index
     megatron_to_hf_folder(tmp_path / "mg", tmp_path / "back", max_shard_gb=40e3 / 2**30)
     index = json.loads((tmp_path / "back" / "model.safetensors.index.json").read_text())
@@ -64,7 +68,7 @@ def test_training_checkpoint_to_hf(tiny_model_dir, tmp_path):
     batch = TokenBatch(tokens, torch.ones(2, 5))
     learner.train_rl(batch, learner.logprobs(batch), torch.tensor([1.0, -1.0]), LossConfig(), 1.0)
     run = tmp_path / "run"
-    save_checkpoint(run / "checkpoints", 1, {"learner": learner.state_dict()}, keep_last=1, hf_side=tiny_model_dir)
+    save_checkpoint(run / "checkpoints", 1, {}, keep_last=1, hf_side=tiny_model_dir, learner=learner)
     assert main(["convert", "--to", "hf", str(run), str(tmp_path / "out")]) == 0  # a run dir: latest checkpoint
     exported = load_hf_weights(tmp_path / "out")
     trained = {k: v.clone() for k, v in learner.hf_named_tensors()}
@@ -92,6 +96,13 @@ def test_bad_inputs_fail_clearly_and_leave_no_output(tiny_model_dir, tmp_path, c
     (tmp_path / "mg" / "tp00.safetensors").unlink()
     with pytest.raises(ModelFileError, match="shard tp00.safetensors is missing"):
         megatron_to_hf_folder(tmp_path / "mg", out)
+    assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))
+    # a training checkpoint whose learner state is damaged
+    learner = Learner(tiny_model_dir, LearnerConfig(), seed=0)
+    save_checkpoint(tmp_path / "run" / "checkpoints", 1, {}, keep_last=1, hf_side=tiny_model_dir, learner=learner)
+    (tmp_path / "run" / "checkpoints" / "step_000001" / "learner" / ".metadata").write_bytes(b"\0" * 10)
+    with pytest.raises(ModelFileError, match="unreadable distributed checkpoint"):
+        megatron_to_hf_folder(tmp_path / "run", out)
     assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))
     with pytest.raises(UserError, match="already exists"):
         hf_to_megatron(tiny_model_dir, tmp_path / "mg")

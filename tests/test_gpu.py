@@ -58,7 +58,7 @@ def test_fp8_forward_backward_close_to_bf16(tmp_path, recipe):
             folder, LearnerConfig(bf16=True, fp8=fp8, fp8_recipe=recipe, transformer_impl="transformer_engine"), seed=0
         )
         with torch.no_grad():
-            logits = learner._logits(tokens).float()
+            logits = learner.forward_logits(tokens).float()
         learner.train_rl(batch, learner.logprobs(batch), torch.linspace(-1, 1, 8), LossConfig(), 1.0)
         grads = torch.cat([p.main_grad.flatten().float() for p in learner.module.parameters()])
         out[name] = (logits, grads)

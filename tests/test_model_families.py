@@ -60,7 +60,7 @@ def family(request, tmp_path_factory):
 def compare_logits(learner, hf_model):
     tokens = torch.randint(0, 96, (3, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        ours = learner._logits(tokens).float()
+        ours = learner.forward_logits(tokens).float()
         ref = hf_model(input_ids=tokens).logits.float()
     logp, logq = torch.log_softmax(ref, -1), torch.log_softmax(ours, -1)
     kl = (logp.exp() * (logp - logq)).sum(-1).mean()

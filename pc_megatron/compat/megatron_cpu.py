@@ -13,6 +13,12 @@ CUDA we patch exactly those places, and nothing else:
   a thin proxy whose tensor factories map ``'cuda'`` to ``'cpu'``. Other modules are untouched.
 - ``clip_grad_by_total_norm_fp32`` asserts ``torch.cuda.FloatTensor`` grads: the optimizer
   module gets an equivalent that asserts fp32 on any device.
+- The distributed optimizer sorts parameters by ``tensor.type()`` strings naming CUDA types
+  (``'torch.cuda.FloatTensor'``): while it builds its parameter groups, and only then, CPU
+  tensors report the CUDA spelling of their type.
+- Without TE/Apex the optimizer is torch's Adam, whose per-parameter state holds a ``step``
+  that the distributed optimizer's reshardable load does not carry per parameter (it restores
+  it afterwards from the parameter groups): the per-parameter copy keeps the current ``step``.
 - The tensor-parallel RNG tracker forks a CUDA generator: it is replaced by one that forks the
   CPU generator (same semantics: a named, separately-seeded stream).
 
@@ -77,6 +83,7 @@ _CUDA_LITERAL_MODULES = (
     "megatron.core.distributed.param_and_grad_buffer",
     "megatron.core.dist_checkpointing.exchange_utils",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.pipeline_parallel.schedules",
 )
 _FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "empty_like", "zeros_like", "arange")
 
@@ -116,6 +123,40 @@ def _clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decouple
         torch._foreach_mul_(grads, clip_coeff)
 
 
+def _with_cuda_type_names(build):
+    """Wrap the distributed optimizer's classmethod so that, during the call, ``Tensor.type()``
+    spells CPU types as CUDA ones (``torch.FloatTensor`` -> ``torch.cuda.FloatTensor``)."""
+    real_type = torch.Tensor.type
+
+    def spelled(self, *args, **kwargs):
+        name = real_type(self, *args, **kwargs)
+        if args or kwargs or not isinstance(name, str) or name.startswith("torch.cuda."):
+            return name
+        return name.replace("torch.", "torch.cuda.", 1)
+
+    def wrapped(cls, *args, **kwargs):
+        torch.Tensor.type = spelled
+        try:
+            return build(cls, *args, **kwargs)
+        finally:
+            torch.Tensor.type = real_type
+
+    return classmethod(wrapped)
+
+
+def _keeping_adam_step(set_states):
+    def wrapped(self, model_param, tensors):
+        if "step" not in tensors:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            step = self.optimizer.state[main_param].get("step")
+            if step is not None:
+                tensors = {**tensors, "step": step}
+        return set_states(self, model_param, tensors)
+
+    return wrapped
+
+
 def megatron_version() -> str:
     return version("megatron-core")
 
@@ -143,6 +184,14 @@ def apply() -> None:
     importlib.import_module(
         "megatron.core.optimizer.optimizer"
     ).clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
+
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    build = DistributedOptimizer._build_model_and_main_param_groups.__func__
+    DistributedOptimizer._build_model_and_main_param_groups = _with_cuda_type_names(build)
+    DistributedOptimizer._set_main_param_and_optimizer_states = _keeping_adam_step(
+        DistributedOptimizer._set_main_param_and_optimizer_states
+    )
 
     from megatron.core.tensor_parallel import random as tp_random
 

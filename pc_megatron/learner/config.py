@@ -15,7 +15,11 @@ class LearnerConfig:
     """Tensor-parallel degree: must divide the model's heads, kv heads, FFN size and vocabulary.
     The learner's ranks come from the launcher (torchrun: WORLD_SIZE, RANK)."""
     pipeline_parallel_size: int = 1
-    """Pipeline-parallel degree (PP > 1 lands with the production-learner work)."""
+    """Pipeline-parallel degree: must divide the number of layers (equal stages). The
+    data-parallel degree is what remains: WORLD_SIZE / (tensor x pipeline)."""
+    distributed_optimizer: bool = False
+    """Shard optimizer state (fp32 master weights, Adam moments) over data-parallel ranks
+    (Megatron's distributed optimizer)."""
     transformer_impl: str = "auto"
     """Layer spec: 'local' (Megatron-Core modules, CPU-capable), 'transformer_engine' (GPU),
     or 'auto' (TE when CUDA and transformer_engine are available, else local)."""
@@ -58,8 +62,8 @@ class LearnerConfig:
     def validate(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ConfigError("learner.tensor_parallel_size must be >= 1")
-        if self.pipeline_parallel_size != 1:
-            raise ConfigError("learner.pipeline_parallel_size > 1 is not supported yet; set it to 1")
+        if self.pipeline_parallel_size < 1:
+            raise ConfigError("learner.pipeline_parallel_size must be >= 1")
         if self.transformer_impl not in ("auto", "local", "transformer_engine"):
             raise ConfigError(
                 f"learner.transformer_impl: '{self.transformer_impl}' is not one of auto, local, transformer_engine"

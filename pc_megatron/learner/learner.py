@@ -2,26 +2,48 @@
 
 Batches arrive as right-padded token matrices. Position ``t`` of every per-token tensor
 refers to predicting ``tokens[:, t + 1]`` from ``tokens[:, : t + 1]``, hence the ``S - 1``.
+
+Every forward and backward goes through Megatron-Core's schedule (no pipelining at PP=1,
+1F1B at PP>1): the loss function runs on the last pipeline stage and returns the sum of the
+per-token losses and the token count; Megatron divides the gradients by the token count
+summed over micro-batches and data-parallel ranks, so the update is the token mean over the
+whole batch at any TP/PP/DP. Every rank passes the same batch; data-parallel ranks each take
+their contiguous slice of its rows. Results (log-probs, statistics) are returned on every rank.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from kernels.grpo_loss import logprob_entropy
-from pc_megatron.algo.loss import LossConfig, policy_loss, token_mean
+from pc_megatron.algo.loss import LossConfig, policy_loss
 from pc_megatron.errors import ModelFileError, TrainingError
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.model import build_gpt_model
 from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.arch import ArchSpec, load_arch
 from pc_megatron.weight_sync.mapping import megatron_to_hf
-from pc_megatron.weight_sync.sharding import HFTensors, check_divisible, megatron_shard_from_hf, split_kind, unshard
+from pc_megatron.weight_sync.sharding import (
+    HFTensors,
+    check_divisible,
+    megatron_shard_from_hf,
+    pipeline_stage,
+    split_kind,
+    unshard,
+)
+
+CHECKPOINT_META = "pcm_learner.json"
+CHECKPOINT_FORMAT = 1
+# Distributed-optimizer state is written in the model's (unsharded) space, so a checkpoint loads
+# at any TP/PP (Megatron-Core's "fully reshardable" layout).
+_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 @dataclass
@@ -46,7 +68,11 @@ def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 class Learner:
     def __init__(self, model_dir: str | Path, cfg: LearnerConfig, seed: int) -> None:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -57,15 +83,19 @@ class Learner:
         self.parallel = init_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
         self.arch: ArchSpec = load_arch(model_dir)
         megatron_cpu.seed_model_parallel(seed)
-        check_divisible(self.arch, cfg.tensor_parallel_size)
+        check_divisible(self.arch, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
         module = build_gpt_model(
             self.arch, cfg.transformer_impl, cfg.bf16, cfg.fp8, cfg.fp8_recipe, cfg.sequence_parallel
         )
+        module.config.finalize_model_grads_func = finalize_model_grads
         self.device = next(module.parameters()).device
+        self._global = _global_names(module)
         self._load_hf(module, model_dir)
         self.model = DistributedDataParallel(
             module.config,
-            DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
+            DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, use_distributed_optimizer=cfg.distributed_optimizer
+            ),
             module,
         )
         self.optimizer = get_megatron_optimizer(
@@ -80,6 +110,7 @@ class Learner:
                 clip_grad=cfg.clip_grad,
                 bf16=cfg.bf16,
                 params_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
+                use_distributed_optimizer=cfg.distributed_optimizer,
             ),
             [self.model],
         )
@@ -105,11 +136,13 @@ class Learner:
         return self.model.module
 
     def _load_hf(self, module: torch.nn.Module, model_dir: str | Path) -> None:
-        """Each parameter's tensor-parallel shard, read from the HF safetensors (slices only)."""
+        """Each parameter of this rank's stage, its tensor-parallel shard only, read from the HF
+        safetensors (slices only)."""
         hf = HFTensors(model_dir)
         rank, size = self._tp_rank_size()
         with torch.no_grad():
-            for name, param in module.named_parameters():
+            for local, param in module.named_parameters():
+                name = self._global[local]
                 try:
                     tensor = megatron_shard_from_hf(name, hf, self.arch, rank, size)
                 except KeyError as e:
@@ -127,20 +160,46 @@ class Learner:
 
         return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
 
-    def full_named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Megatron names with full (TP=1) tensors: shards gathered over the tensor-parallel
-        group one parameter at a time, so at most one full tensor is held at once."""
+    def _gather_tp(self, name: str, local: torch.Tensor) -> torch.Tensor:
         from megatron.core import parallel_state as ps
 
         _, size = self._tp_rank_size()
-        for name, p in self.module.named_parameters():
-            local = p.detach()
-            if size == 1 or split_kind(name) == "replicated":
-                yield name, local
-                continue
-            shards = [torch.empty_like(local) for _ in range(size)]
-            torch.distributed.all_gather(shards, local.contiguous(), group=ps.get_tensor_model_parallel_group())
-            yield name, unshard(name, shards)
+        if size == 1 or split_kind(name) == "replicated":
+            return local
+        shards = [torch.empty_like(local) for _ in range(size)]
+        dist.all_gather(shards, local.contiguous(), group=ps.get_tensor_model_parallel_group())
+        return unshard(name, shards)
+
+    def full_named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Global Megatron names with full (TP=1) tensors, on every rank, one at a time: shards
+        are gathered over the tensor-parallel group and, at PP>1, broadcast from the stage that
+        holds them, so at most one full tensor is held at once."""
+        from megatron.core import parallel_state as ps
+
+        from pc_megatron.convert import megatron_param_names
+
+        params = {self._global[n]: p.detach() for n, p in self.module.named_parameters()}
+        pp = self.parallel.pipeline_parallel_size
+        if pp == 1:
+            for name, p in params.items():
+                yield name, self._gather_tp(name, p)
+            return
+        group = ps.get_pipeline_model_parallel_group()
+        stage_ranks = dist.get_process_group_ranks(group)
+        me = ps.get_pipeline_model_parallel_rank()
+        dtype = next(iter(params.values())).dtype
+        for name in megatron_param_names(self.arch):
+            owner = pipeline_stage(name, self.arch, pp)
+            shape = torch.zeros(3, dtype=torch.int64)  # (ndim, size0, size1): parameters are 1-D or 2-D
+            if owner == me:
+                full = self._gather_tp(name, params[name])
+                shape[0] = full.dim()
+                shape[1 : 1 + full.dim()] = torch.tensor(full.shape)
+            dist.broadcast(shape, stage_ranks[owner], group=group)
+            if owner != me:
+                full = torch.empty(shape[1 : 1 + int(shape[0])].tolist(), dtype=dtype, device=self.device)
+            dist.broadcast(full.contiguous(), stage_ranks[owner], group=group)
+            yield name, full
 
     def hf_named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Current weights under HF names and layouts (for weight sync and export). Tensors may be
@@ -154,10 +213,26 @@ class Learner:
             self._masks[s] = torch.triu(torch.ones(s, s, dtype=torch.bool, device=self.device), 1)[None, None]
         return self._masks[s]
 
-    def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _forward(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits ``(b, s, V)`` on the last stage; the stage's output activations elsewhere
+        (the inputs of stages after the first come from the schedule)."""
         b, s = tokens.shape
         pos = torch.arange(s, device=self.device).unsqueeze(0).expand(b, -1)
-        return self.model(tokens, pos, self._causal_mask(s))
+        return model(tokens, pos, self._causal_mask(s))
+
+    @torch.no_grad()
+    def forward_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``(N, S, V) float32`` logits of a token batch, on every rank (parity checks, tools;
+        training never materialises more than one micro-batch of logits)."""
+        self.model.eval()
+        out = torch.zeros(*tokens.shape, self.arch.vocab_size)
+
+        def loss_fn(rows, _tokens, logits):
+            out[rows] = logits.float().cpu()
+            return torch.zeros((), device=self.device), torch.zeros(()), {}
+
+        self._run(TokenBatch(tokens, torch.zeros(tokens.shape[0], tokens.shape[1] - 1)), loss_fn, (), True)
+        return self._collect(out)
 
     def _token_logp(self, logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
         """``(log p(tokens[:, t+1]), entropy)`` each ``(N, S-1)`` at the sampling temperature,
@@ -168,55 +243,118 @@ class Learner:
         logp, entropy = logprob_entropy(logits.reshape(-1, v), targets.reshape(-1), temperature, self.cfg.loss_impl)
         return logp.view(n, s)[:, :-1], entropy.view(n, s)[:, :-1]
 
+    def _dp_rows(self, n: int) -> slice:
+        """This data-parallel rank's contiguous share of ``n`` rows."""
+        from megatron.core import parallel_state as ps
+
+        dp, r = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        per = -(-n // dp)
+        return slice(min(r * per, n), min((r + 1) * per, n))
+
+    def _run(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...], forward_only: bool) -> dict:
+        """Run this rank's rows through Megatron's schedule in micro-batches. ``loss_fn(rows,
+        tokens, logits) -> (loss_sum, token_count, {key: sum})`` runs on the last stage; the
+        sums over micro-batches (and data-parallel ranks) come back on every rank."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        mine = self._dp_rows(len(batch))
+        mbs = self.cfg.micro_batch_size
+        slices = [slice(i, min(i + mbs, mine.stop)) for i in range(mine.start, mine.stop, mbs)]
+        sums = torch.zeros(len(keys) + 2, dtype=torch.float64)
+
+        def forward_step(data_iterator, model):
+            rows = next(data_iterator)
+            tokens = batch.tokens[rows].to(self.device)
+
+            def loss_func(logits):
+                loss, count, extra = loss_fn(rows, tokens, logits)
+                sums[0] += float(loss.detach())
+                sums[1] += float(count)
+                for i, k in enumerate(keys):
+                    sums[2 + i] += float(extra[k])
+                return loss, count.to(torch.int).to(self.device), {}
+
+            return self._forward(model, tokens), loss_func
+
+        if slices:
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(slices),
+                model=[self.model],
+                num_microbatches=len(slices),
+                seq_length=batch.tokens.shape[1],
+                micro_batch_size=mbs,
+                forward_only=forward_only,
+            )
+        if self.parallel.pipeline_parallel_size > 1:
+            dist.broadcast(
+                sums, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+            )
+        if ps.get_data_parallel_world_size() > 1:
+            dist.all_reduce(sums, group=ps.get_data_parallel_group())
+        return dict(zip(("loss", "tokens", *keys), sums.tolist(), strict=True))
+
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
         """``(N, S-1) float32`` log-probs of each next token under the current policy."""
         self.model.eval()
-        out = []
-        for start in range(0, len(batch), self.cfg.micro_batch_size):
-            mb = batch.rows(slice(start, start + self.cfg.micro_batch_size))
-            logp, _ = self._token_logp(self._logits(mb.tokens.to(self.device)), mb.tokens.to(self.device), temperature)
-            out.append(logp.cpu())
-        return torch.cat(out)
+        out = torch.zeros(len(batch), batch.tokens.shape[1] - 1)
+
+        def loss_fn(rows, tokens, logits):
+            out[rows] = self._token_logp(logits, tokens, temperature)[0].float().cpu()
+            return torch.zeros((), device=self.device), torch.zeros(()), {}
+
+        self._run(batch, loss_fn, (), forward_only=True)
+        return self._collect(out)
+
+    def _collect(self, out: torch.Tensor) -> torch.Tensor:
+        """A per-row result filled in on the last stage of each data-parallel rank, completed
+        on every rank."""
+        from megatron.core import parallel_state as ps
+
+        if self.parallel.pipeline_parallel_size > 1:
+            dist.broadcast(
+                out, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+            )
+        if ps.get_data_parallel_world_size() > 1:  # each rank filled its rows; the rest are zero
+            dist.all_reduce(out, group=ps.get_data_parallel_group())
+        return out
 
     # ----------------------------------------------------------------- updates
-    def _step(self, micro_losses: Iterator[torch.Tensor]) -> dict[str, float]:
-        """Accumulate gradients over micro-batches, then one optimizer step."""
-        from megatron.core.distributed import finalize_model_grads
-
+    def _step(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...] = ()) -> dict[str, float]:
+        """Gradients of the token-mean loss over ``batch`` (accumulated over micro-batches,
+        reduced over data-parallel ranks), then one optimizer step."""
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        total = 0.0
-        for loss in micro_losses:
-            if not torch.isfinite(loss):
-                raise TrainingError(
-                    f"non-finite loss ({loss.item()}) at policy version {self.version}; nothing was applied "
-                    "and the last checkpoint is intact: lower the learning rate or check the rewards"
-                )
-            loss.backward()
-            total += loss.item()
-        # data-parallel sync, plus what TP needs: Qwen3's q/k norm grads are partial per rank
-        finalize_model_grads([self.model])
+        if float(batch.loss_mask.sum()) < 1:
+            raise TrainingError("the batch has no trained tokens (loss_mask is all zero); nothing to learn from")
+        sums = self._run(batch, loss_fn, keys, forward_only=False)
+        loss = sums["loss"] / max(sums["tokens"], 1.0)
+        if not math.isfinite(loss):
+            raise TrainingError(
+                f"non-finite loss ({loss}) at policy version {self.version}; nothing was applied "
+                "and the last checkpoint is intact: lower the learning rate or check the rewards"
+            )
         _, grad_norm, _ = self.optimizer.step()
         if grad_norm is not None and not math.isfinite(grad_norm):
             raise TrainingError(f"non-finite gradient norm at policy version {self.version}; lower the learning rate")
         self.scheduler.step(1)
         self.version += 1
-        return {"loss": total, "grad_norm": float(grad_norm or 0.0), "lr": self.optimizer.param_groups[0]["lr"]}
+        out = {"loss": loss, "grad_norm": float(grad_norm or 0.0), "lr": self.optimizer.param_groups[0]["lr"]}
+        out.update({k: sums[k] / max(sums["tokens"], 1.0) for k in keys})
+        return out
 
     def train_sft(self, batch: TokenBatch) -> dict[str, float]:
         """One optimizer step of token-mean cross-entropy on the masked tokens."""
-        n_tok = float(batch.loss_mask.sum())
 
-        def losses():
-            for start in range(0, len(batch), self.cfg.micro_batch_size):
-                mb = batch.rows(slice(start, start + self.cfg.micro_batch_size))
-                tokens = mb.tokens.to(self.device)
-                logp, _ = self._token_logp(self._logits(tokens), tokens, 1.0)
-                yield token_mean(-logp, mb.loss_mask.to(self.device), n_tok)
+        def loss_fn(rows, tokens, logits):
+            logp, _ = self._token_logp(logits, tokens, 1.0)
+            mask = batch.loss_mask[rows].to(self.device)
+            return (-logp * mask).sum(), mask.sum(), {}
 
-        return self._step(losses())
+        return self._step(batch, loss_fn)
 
     def train_rl(
         self,
@@ -234,58 +372,109 @@ class Learner:
         ``is_weight: (N, S-1)``, optional, scales each token's policy-gradient term (truncated
         importance sampling; the weights are constants, so this scales the advantage).
         """
-        mask_all = batch.loss_mask
-        n_tok = float(mask_all.sum())
-        sums = {"clipfrac": 0.0, "entropy": 0.0, "kl": 0.0}
 
-        def losses():
-            for start in range(0, len(batch), self.cfg.micro_batch_size):
-                sl = slice(start, start + self.cfg.micro_batch_size)
-                tokens = batch.tokens[sl].to(self.device)
-                mask = mask_all[sl].to(self.device)
-                logp, entropy = self._token_logp(self._logits(tokens), tokens, temperature)
-                ref = ref_logp[sl].to(self.device) if ref_logp is not None else None
-                adv = advantages[sl, None].to(self.device)
-                if is_weight is not None:
-                    adv = adv * is_weight[sl].to(self.device)
-                loss, stats = policy_loss(logp, old_logp[sl].to(self.device), adv, loss_cfg, ref, entropy)
-                sums["clipfrac"] += float((stats["clipped"] * mask).sum())
-                sums["entropy"] += float((entropy.detach() * mask).sum())
-                if "kl" in stats:
-                    sums["kl"] += float((stats["kl"] * mask).sum())
-                yield token_mean(loss, mask, n_tok)
+        def loss_fn(rows, tokens, logits):
+            mask = batch.loss_mask[rows].to(self.device)
+            logp, entropy = self._token_logp(logits, tokens, temperature)
+            ref = ref_logp[rows].to(self.device) if ref_logp is not None else None
+            adv = advantages[rows, None].to(self.device)
+            if is_weight is not None:
+                adv = adv * is_weight[rows].to(self.device)
+            loss, stats = policy_loss(logp, old_logp[rows].to(self.device), adv, loss_cfg, ref, entropy)
+            extra = {
+                "clipfrac": (stats["clipped"] * mask).sum(),
+                "entropy": (entropy.detach() * mask).sum(),
+                "kl": (stats["kl"] * mask).sum() if "kl" in stats else 0.0,
+            }
+            return (loss * mask).sum(), mask.sum(), extra
 
-        out = self._step(losses())
-        out.update({k: v / max(n_tok, 1.0) for k, v in sums.items()})
-        return out
+        return self._step(batch, loss_fn, ("clipfrac", "entropy", "kl"))
 
     # ----------------------------------------------------------------- checkpoint
-    def state_dict(self) -> dict:
+    def _sharded_state(self, loading: bool) -> dict:
+        model = self.module.sharded_state_dict(metadata=_SHARDING)
         return {
-            "model": {n: p.detach().clone() for n, p in self.module.named_parameters()},
-            "optimizer": self.optimizer.state_dict(),
+            "model": model,
+            "optimizer": self.optimizer.sharded_state_dict(model, is_loading=loading, metadata=_SHARDING),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
-            "tensor_parallel_size": self.parallel.tensor_parallel_size,
-            "arch": self.arch.__dict__,
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        if state["arch"] != self.arch.__dict__:
-            diff = {
-                k: (v, self.arch.__dict__.get(k)) for k, v in state["arch"].items() if self.arch.__dict__.get(k) != v
+    def save(self, path: str | Path) -> None:
+        """Write model, optimizer and lr-schedule state to ``path`` (Megatron distributed
+        checkpoint: every rank writes its shards; collective). Loadable at any TP/PP/DP."""
+        from megatron.core import dist_checkpointing
+
+        path = Path(path)
+        if dist.get_rank() == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        dist_checkpointing.save(self._sharded_state(loading=False), str(path), content_metadata=_SHARDING)
+        if dist.get_rank() == 0:
+            meta = {
+                "format": CHECKPOINT_FORMAT,
+                "arch": self.arch.__dict__,
+                "tensor_parallel_size": self.parallel.tensor_parallel_size,
+                "pipeline_parallel_size": self.parallel.pipeline_parallel_size,
+                "data_parallel_size": self.parallel.data_parallel_size,
+                "distributed_optimizer": self.cfg.distributed_optimizer,
+                "version": self.version,
             }
-            raise ModelFileError(f"checkpoint is from a different model (checkpoint vs this run: {diff})")
-        saved_tp = state.get("tensor_parallel_size", 1)
-        if saved_tp != self.parallel.tensor_parallel_size:
+            (path / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
+        dist.barrier()
+
+    def load(self, path: str | Path) -> None:
+        """Restore a checkpoint written by ``save`` at any parallel layout (resharded on load).
+        A checkpoint of a different model is refused before anything is changed."""
+        from megatron.core import dist_checkpointing
+
+        path = Path(path)
+        meta_path = path / CHECKPOINT_META
+        if not meta_path.is_file():
+            raise ModelFileError(f"{path}: no {CHECKPOINT_META}; not a learner checkpoint (or an incomplete one)")
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise ModelFileError(f"{meta_path}: format {meta.get('format')}, this version reads {CHECKPOINT_FORMAT}")
+        if meta["arch"] != self.arch.__dict__:
+            diff = {
+                k: (v, self.arch.__dict__.get(k)) for k, v in meta["arch"].items() if self.arch.__dict__.get(k) != v
+            }
+            raise ModelFileError(f"{path}: checkpoint is from a different model (checkpoint vs this run: {diff})")
+        saved_distopt = meta.get("distributed_optimizer", False)
+        if saved_distopt != self.cfg.distributed_optimizer:
             raise ModelFileError(
-                f"checkpoint was saved at tensor_parallel_size={saved_tp}, this run uses "
-                f"{self.parallel.tensor_parallel_size}; resume at the saved size (resharding is not supported yet)"
+                f"{path}: saved with learner.distributed_optimizer={str(saved_distopt).lower()}, this run uses "
+                f"{str(self.cfg.distributed_optimizer).lower()}; resume with the saved setting (the parallel "
+                "sizes may change)"
             )
-        params = dict(self.module.named_parameters())
-        with torch.no_grad():
-            for name, t in state["model"].items():
-                params[name].copy_(t)
+        if saved_distopt and meta.get("data_parallel_size", 1) > 1 and not torch.cuda.is_available():
+            raise ModelFileError(
+                f"{path}: saved with the distributed optimizer over {meta['data_parallel_size']} data-parallel "
+                "ranks; on CPU (torch Adam, no Transformer Engine) Megatron-Core does not restore those Adam "
+                "moments correctly (measured, docs/LOG.md), so this run stops rather than resume with wrong "
+                "state: resume on GPU, or train with learner.distributed_optimizer=false on CPU"
+            )
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            # Megatron's distributed optimizer describes its state for loading from the state
+            # itself; a fresh one has none yet: Megatron's own dummy initialisation (overwritten
+            # by the load).
+            if hasattr(opt, "_init_optimizer_states_with_dummy_values") and not opt.optimizer.state:
+                opt._init_optimizer_states_with_dummy_values()
+        state = dist_checkpointing.load(self._sharded_state(loading=True), str(path))
+        self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.version = state["version"]
+        self.version = int(state["version"])
+
+
+def _global_names(module: torch.nn.Module) -> dict[str, str]:
+    """Local parameter name -> global Megatron name (a stage numbers its layers from 0; the
+    model's layer ``i`` is ``layer_number - 1``)."""
+    out = {}
+    for local, _ in module.named_parameters():
+        name = local
+        if local.startswith("decoder.layers."):
+            i, rest = local[len("decoder.layers.") :].split(".", 1)
+            name = f"decoder.layers.{module.decoder.layers[int(i)].layer_number - 1}.{rest}"
+        out[local] = name
+    return out

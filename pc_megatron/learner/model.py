@@ -21,9 +21,19 @@ def transformer_config(arch: ArchSpec, bf16: bool, fp8: str = "", fp8_recipe: st
     from megatron.core.transformer import TransformerConfig
 
     on_gpu = torch.cuda.is_available()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    dtype = torch.bfloat16 if bf16 else torch.float32
     return TransformerConfig(
         tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
-        pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=dtype,
+        # micro-batches differ in rows (the last one) and length (batches are padded per step):
+        # stages exchange activation shapes before the activations
+        variable_seq_lengths=pp > 1,
+        moe_token_dispatcher_type="alltoall",  # dense models; Megatron's check for the line above
+        # the loss function returns (sum over tokens, token count); Megatron divides the
+        # gradients by the token count summed over micro-batches and data-parallel ranks
+        calculate_per_token_loss=True,
         sequence_parallel=sp,
         fp8=fp8 or None,
         fp8_recipe=fp8_recipe,
@@ -42,7 +52,7 @@ def transformer_config(arch: ArchSpec, bf16: bool, fp8: str = "", fp8_recipe: st
         qk_layernorm=arch.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        params_dtype=dtype,
         bf16=bf16,
         use_cpu_initialization=not on_gpu,
         # The fused kernels below are CUDA-only; on GPU TE provides its own fusions.
@@ -57,8 +67,10 @@ def transformer_config(arch: ArchSpec, bf16: bool, fp8: str = "", fp8_recipe: st
 def build_gpt_model(
     arch: ArchSpec, transformer_impl: str, bf16: bool, fp8: str = "", fp8_recipe: str = "delayed", sp: bool = False
 ):
-    """Megatron-Core GPTModel for ``arch``. FP8 and sequence parallelism need the TE spec on a
-    GPU; asking for them elsewhere is a ConfigError."""
+    """Megatron-Core GPTModel for ``arch``: this rank's pipeline stage (its layers, plus the
+    embedding on the first stage and the output layer on the last). FP8 and sequence
+    parallelism need the TE spec on a GPU; asking for them elsewhere is a ConfigError."""
+    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
@@ -83,6 +95,8 @@ def build_gpt_model(
         rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         parallel_output=False,  # full-vocabulary logits on every TP rank (gathered by the output layer)
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
     )
     if torch.cuda.is_available():
         model = model.cuda()

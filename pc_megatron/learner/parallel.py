@@ -22,7 +22,8 @@ class ParallelState:
 def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> ParallelState:
     """Initialise torch.distributed (NCCL on GPU, gloo on CPU) and Megatron's model-parallel
     groups. A launcher (torchrun, Ray) provides RANK/WORLD_SIZE; alone, we are a world of one.
-    Idempotent: a second call returns the existing state."""
+    Built once per process: a second call with the same sizes returns the existing state; other
+    sizes are an error. Data parallel takes the remaining ranks: WORLD_SIZE / (TP x PP)."""
     from megatron.core import parallel_state as ps
 
     from pc_megatron.compat import megatron_cpu
@@ -48,6 +49,17 @@ def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
                 f"{dist.get_world_size()}: launch with torchrun --nproc-per-node {model_parallel}"
             )
         ps.initialize_model_parallel(tensor_parallel_size, pipeline_parallel_size)
+    elif (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (
+        tensor_parallel_size,
+        pipeline_parallel_size,
+    ):
+        from pc_megatron.errors import ConfigError
+
+        raise ConfigError(
+            f"this process already holds TP={ps.get_tensor_model_parallel_world_size()} x "
+            f"PP={ps.get_pipeline_model_parallel_world_size()} groups; a learner at TP={tensor_parallel_size} x "
+            f"PP={pipeline_parallel_size} needs its own process (one parallel layout per process)"
+        )
     world = dist.get_world_size()
     return ParallelState(
         world_size=world,

@@ -40,8 +40,9 @@ def split_kind(name: str) -> str:
     return "replicated"
 
 
-def check_divisible(arch: ArchSpec, tp: int) -> None:
-    """Fail early, naming the dimension, when a model cannot be split ``tp`` ways."""
+def check_divisible(arch: ArchSpec, tp: int, pp: int = 1) -> None:
+    """Fail early, naming the dimension, when a model cannot be split ``tp`` ways (tensor
+    parallel) or ``pp`` ways (pipeline stages of equal layer count)."""
     from pc_megatron.errors import ConfigError
 
     for what, value in (
@@ -55,6 +56,20 @@ def check_divisible(arch: ArchSpec, tp: int) -> None:
                 f"tensor-parallel size {tp} does not divide the model's {what}={value}; pick a size "
                 "that divides it (learner.tensor_parallel_size, or convert --tp)"
             )
+    if arch.num_layers % pp:
+        raise ConfigError(
+            f"pipeline-parallel size {pp} does not divide the model's num_hidden_layers={arch.num_layers}; pick "
+            "a size that divides it (learner.pipeline_parallel_size, or convert --pp)"
+        )
+
+
+def pipeline_stage(name: str, arch: ArchSpec, pp: int) -> int:
+    """The pipeline stage that holds Megatron parameter ``name`` (global layer numbering)."""
+    if name.startswith("embedding."):
+        return 0
+    if name.startswith("decoder.layers."):
+        return int(name.split(".")[2]) // (arch.num_layers // pp)
+    return pp - 1  # final norm, output layer
 
 
 def unshard(name: str, shards: list[torch.Tensor]) -> torch.Tensor:

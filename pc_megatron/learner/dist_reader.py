@@ -1,0 +1,103 @@
+"""Read full (TP=1) parameters out of a learner checkpoint (Megatron distributed checkpoint, the
+PyTorch DCP format underneath), one layer at a time, in one process, whatever TP/PP/DP wrote it.
+
+A Megatron-Core checkpoint stores each parameter as one global tensor: the tensor-parallel
+shards in the TP=1 layout, and a transformer layer's parameters stacked over all layers
+(leading axis) under a layer-free key. Keys follow Megatron's sharded naming, which renames
+some local-spec modules (``input_layernorm`` -> ``self_attention.linear_qkv.layer_norm_``); the
+renaming is read from Megatron's own layer spec, not written out here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from pc_megatron.errors import ModelFileError
+from pc_megatron.model.arch import ArchSpec
+
+
+def _sharded_key(name: str, keys_map: dict[str, str]) -> tuple[str, int | None]:
+    """(checkpoint key, layer index or None) of global Megatron parameter ``name``."""
+    if not name.startswith("decoder.layers."):
+        return name, None
+    layer, rest = name[len("decoder.layers.") :].split(".", 1)
+    for old, new in keys_map.items():
+        if rest.startswith(old):
+            rest = new + rest[len(old) :]
+            break
+    return f"decoder.layers.{rest}", int(layer)
+
+
+def _slice_planner(slices: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]):
+    """A DCP load planner that reads, for each key, only the chunk ``(offsets, sizes)`` of its
+    global tensor into a buffer of shape ``sizes``."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    from torch.distributed.checkpoint.planner import LoadPlan
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    class SlicePlanner(DefaultLoadPlanner):
+        def create_local_plan(self) -> LoadPlan:
+            items = []
+            for key, (offsets, sizes) in slices.items():
+                chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+                items += create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key], [chunk])
+            return LoadPlan(items)
+
+        def lookup_tensor(self, index):  # the buffer is the chunk itself (read items index it by chunk offset)
+            return self.state_dict[index.fqn]
+
+    return SlicePlanner()
+
+
+def read_learner_checkpoint(path: str | Path, arch: ArchSpec, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` for each global Megatron parameter in ``names``, read with
+    PyTorch's distributed-checkpoint reader one layer at a time (memory bounded by a layer)."""
+    import torch.distributed.checkpoint as dcp
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    path = Path(path)
+    try:
+        meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as e:  # a missing or damaged .metadata file
+        raise ModelFileError(f"{path}: unreadable distributed checkpoint metadata ({e})") from None
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
+    keys_map = spec.submodules.sharded_state_dict_keys_map
+
+    def group_of(name: str) -> str:
+        return ".".join(name.split(".")[:3]) if name.startswith("decoder.layers.") else name
+
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(group_of(name), []).append(name)
+    for members in groups.values():
+        slices, buffers, keys = {}, {}, {}
+        for name in members:
+            key, layer = _sharded_key(name, keys_map)
+            if key not in meta or not hasattr(meta[key], "chunks"):
+                raise ModelFileError(
+                    f"{path}: no tensor {key} (for {name}); the checkpoint does not match hf/config.json"
+                )
+            size, dtype = tuple(meta[key].size), meta[key].properties.dtype
+            if layer is None:
+                offsets, sizes = (0,) * len(size), size
+            else:
+                if size[0] != arch.num_layers:
+                    raise ModelFileError(
+                        f"{path}: {key} holds {size[0]} layers, hf/config.json says {arch.num_layers}; the "
+                        "checkpoint is from a different model"
+                    )
+                offsets, sizes = (layer,) + (0,) * (len(size) - 1), (1, *size[1:])
+            slices[key], buffers[key], keys[name] = (offsets, sizes), torch.empty(sizes, dtype=dtype), key
+        try:
+            dcp.load(
+                buffers, storage_reader=dcp.FileSystemReader(str(path)), planner=_slice_planner(slices), no_dist=True
+            )
+        except Exception as e:  # a missing or truncated .distcp file
+            raise ModelFileError(f"{path}: cannot read {', '.join(slices)} ({e})") from None
+        for name in members:
+            t = buffers[keys[name]]
+            yield name, t[0] if name.startswith("decoder.layers.") else t
