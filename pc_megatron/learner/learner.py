@@ -190,7 +190,7 @@ class Learner:
         dtype = next(iter(params.values())).dtype
         for name in megatron_param_names(self.arch):
             owner = pipeline_stage(name, self.arch, pp)
-            shape = torch.zeros(3, dtype=torch.int64)  # (ndim, size0, size1): parameters are 1-D or 2-D
+            shape = torch.zeros(3, dtype=torch.int64, device=self.device)  # (ndim, size0, size1): 1-D or 2-D
             if owner == me:
                 full = self._gather_tp(name, params[name])
                 shape[0] = full.dim()
@@ -255,13 +255,12 @@ class Learner:
         """Run this rank's rows through Megatron's schedule in micro-batches. ``loss_fn(rows,
         tokens, logits) -> (loss_sum, token_count, {key: sum})`` runs on the last stage; the
         sums over micro-batches (and data-parallel ranks) come back on every rank."""
-        from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         mine = self._dp_rows(len(batch))
         mbs = self.cfg.micro_batch_size
         slices = [slice(i, min(i + mbs, mine.stop)) for i in range(mine.start, mine.stop, mbs)]
-        sums = torch.zeros(len(keys) + 2, dtype=torch.float64)
+        parts: list[torch.Tensor] = []  # per micro-batch sums, kept on the device (no sync per micro-batch)
 
         def forward_step(data_iterator, model):
             rows = next(data_iterator)
@@ -269,10 +268,8 @@ class Learner:
 
             def loss_func(logits):
                 loss, count, extra = loss_fn(rows, tokens, logits)
-                sums[0] += float(loss.detach())
-                sums[1] += float(count)
-                for i, k in enumerate(keys):
-                    sums[2 + i] += float(extra[k])
+                values = [loss.detach(), count, *(extra[k] for k in keys)]
+                parts.append(torch.stack([torch.as_tensor(v, device=self.device).double() for v in values]))
                 return loss, count.to(torch.int).to(self.device), {}
 
             return self._forward(model, tokens), loss_func
@@ -287,12 +284,11 @@ class Learner:
                 micro_batch_size=mbs,
                 forward_only=forward_only,
             )
-        if self.parallel.pipeline_parallel_size > 1:
-            dist.broadcast(
-                sums, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
-            )
-        if ps.get_data_parallel_world_size() > 1:
-            dist.all_reduce(sums, group=ps.get_data_parallel_group())
+        if parts:
+            sums = torch.stack(parts).sum(0)
+        else:  # not the last stage, or no rows on this data-parallel rank
+            sums = torch.zeros(len(keys) + 2, dtype=torch.float64, device=self.device)
+        sums = self._collect(sums)
         return dict(zip(("loss", "tokens", *keys), sums.tolist(), strict=True))
 
     @torch.no_grad()
@@ -309,17 +305,20 @@ class Learner:
         return self._collect(out)
 
     def _collect(self, out: torch.Tensor) -> torch.Tensor:
-        """A per-row result filled in on the last stage of each data-parallel rank, completed
-        on every rank."""
+        """A result computed on the last stage of each data-parallel rank (its rows, zeros
+        elsewhere), completed on every rank; returned on the CPU."""
         from megatron.core import parallel_state as ps
 
+        if self.parallel.world_size == 1:
+            return out.cpu()
+        out = out.to(self.device)  # NCCL moves device tensors only
         if self.parallel.pipeline_parallel_size > 1:
             dist.broadcast(
                 out, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
             )
-        if ps.get_data_parallel_world_size() > 1:  # each rank filled its rows; the rest are zero
+        if ps.get_data_parallel_world_size() > 1:
             dist.all_reduce(out, group=ps.get_data_parallel_group())
-        return out
+        return out.cpu()
 
     # ----------------------------------------------------------------- updates
     def _step(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...] = ()) -> dict[str, float]:
