@@ -1,11 +1,17 @@
 """Conversion throughput and peak memory, both directions, on a random >= 1B-parameter model.
 
-    python tools/bench_convert.py [--workdir /tmp/pcm-bench] [--tp 2] [--layers 22]
+    python tools/bench_convert.py [--workdir /tmp/pcm-bench] [--tp 2] [--pp 1] [--layers 22]
+    python tools/bench_convert.py --checkpoint     # also: training checkpoint (learner) -> HF
 
 Writes a random Llama-style HF folder (TinyLlama-1.1B shapes: hidden 2048, 22 layers, 32 heads,
 4 kv heads, FFN 5632, vocab 32000, bf16, 4 files; written layer by layer), then times
 ``pc-megatron convert --to megatron --tp N`` and ``--to hf`` in fresh processes, reading each
 one's peak RSS from ``/usr/bin/time -v``, and checks that the round trip is bit-identical.
+
+``--checkpoint`` builds the learner from the HF folder in one process (fp32, TP=1), saves its
+Megatron distributed checkpoint as a training run would, and times ``--to hf`` on that
+checkpoint (read one layer at a time), checking it against the HF weights (bf16 -> fp32 ->
+bf16 is exact).
 """
 
 from __future__ import annotations
@@ -86,7 +92,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", default="/tmp/pcm-bench")
     ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--layers", type=int, default=22)
+    ap.add_argument("--checkpoint", action="store_true", help="also time training checkpoint -> HF")
     ap.add_argument("--max-shard-gb", default="2.0", help="largest HF output file")
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -95,12 +103,15 @@ def main() -> None:
     params = write_random_model(work / "hf", args.layers)
     size = sum(f.stat().st_size for f in (work / "hf").glob("*.safetensors"))
     print(f"random model: {params / 1e9:.3f} B parameters, {size / 1e9:.2f} GB bf16 ({time.perf_counter() - t0:.0f} s)")
-    s1, m1 = timed_convert(["--to", "megatron", str(work / "hf"), str(work / "mg"), "--tp", str(args.tp)])
+    layout = f"TP={args.tp}" + (f" PP={args.pp}" if args.pp > 1 else "")
+    s1, m1 = timed_convert(
+        ["--to", "megatron", str(work / "hf"), str(work / "mg"), "--tp", str(args.tp), "--pp", str(args.pp)]
+    )
     s2, m2 = timed_convert(["--to", "hf", str(work / "mg"), str(work / "back"), "--max-shard-gb", args.max_shard_gb])
     print("| direction | seconds | GB/s | peak RSS GiB | model GB |")
     print("|---|---|---|---|---|")
-    print(f"| HF -> Megatron TP={args.tp} | {s1:.1f} | {size / 1e9 / s1:.2f} | {m1:.2f} | {size / 1e9:.2f} |")
-    back = f"Megatron TP={args.tp} -> HF (files <= {args.max_shard_gb} GB)"
+    print(f"| HF -> Megatron {layout} | {s1:.1f} | {size / 1e9 / s1:.2f} | {m1:.2f} | {size / 1e9:.2f} |")
+    back = f"Megatron {layout} -> HF (files <= {args.max_shard_gb} GB)"
     print(f"| {back} | {s2:.1f} | {size / 1e9 / s2:.2f} | {m2:.2f} | {size / 1e9:.2f} |")
     from pc_megatron.weight_sync.sharding import HFTensors
 
@@ -109,7 +120,42 @@ def main() -> None:
     for key in a.where:
         assert torch.equal(a.read(key), b.read(key)), key
     print(f"round trip bit-identical: {len(a.where)} tensors")
+    if args.checkpoint:
+        bench_checkpoint(work, args.max_shard_gb)
     shutil.rmtree(work, ignore_errors=True)
+
+
+SAVE_CHECKPOINT = """
+import sys, torch
+from pathlib import Path
+from pc_megatron.checkpoint import save_checkpoint
+from pc_megatron.learner import Learner, LearnerConfig
+torch.set_num_threads(2)
+hf, run = Path(sys.argv[1]), Path(sys.argv[2])
+learner = Learner(hf, LearnerConfig(), seed=0)
+save_checkpoint(run / "checkpoints", 1, {}, keep_last=1, hf_side=hf, learner=learner)
+"""
+
+
+def bench_checkpoint(work: Path, max_shard_gb: str) -> None:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", SAVE_CHECKPOINT, str(work / "hf"), str(work / "run")])
+    if proc.returncode != 0:
+        raise SystemExit("building and saving the learner failed")
+    learner_dir = work / "run" / "checkpoints" / "step_000001" / "learner"
+    ckpt = sum(f.stat().st_size for f in learner_dir.glob("*.distcp"))
+    print(f"learner checkpoint (fp32, no optimizer state yet): {ckpt / 1e9:.2f} GB ({time.perf_counter() - t0:.0f} s)")
+    s, m = timed_convert(["--to", "hf", str(work / "run"), str(work / "from-ckpt"), "--max-shard-gb", max_shard_gb])
+    print("| direction | seconds | GB/s (read) | peak RSS GiB | checkpoint GB |")
+    print("|---|---|---|---|---|")
+    print(f"| training checkpoint -> HF | {s:.1f} | {ckpt / 1e9 / s:.2f} | {m:.2f} | {ckpt / 1e9:.2f} |")
+    from pc_megatron.weight_sync.sharding import HFTensors
+
+    a, b = HFTensors(work / "hf"), HFTensors(work / "from-ckpt")
+    assert set(a.where) == set(b.where), "export lost or added tensors"
+    for key in a.where:
+        assert torch.equal(a.read(key).float(), b.read(key)), key
+    print(f"checkpoint export equals the HF weights: {len(a.where)} tensors")
 
 
 if __name__ == "__main__":
