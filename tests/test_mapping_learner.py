@@ -220,3 +220,15 @@ def test_fp8_without_a_gpu_is_one_clear_error(tiny_model_dir):
 
     with pytest.raises(ConfigError, match="learner.fp8 needs a CUDA GPU with Transformer Engine"):
         Learner(tiny_model_dir, LearnerConfig(bf16=True, fp8="hybrid"), seed=0)
+
+
+def test_checkpoint_with_another_optimizer_layout_is_refused(tiny_model_dir, tmp_path):
+    """A plain-optimizer checkpoint does not load into a distributed-optimizer run: one error
+    naming the setting, nothing changed."""
+    from pc_megatron.errors import ModelFileError
+
+    Learner(tiny_model_dir, LearnerConfig(), seed=0).save(tmp_path / "ckpt")
+    learner = Learner(tiny_model_dir, LearnerConfig(distributed_optimizer=True), seed=0)
+    with pytest.raises(ModelFileError, match="learner.distributed_optimizer=false, this run uses true"):
+        learner.load(tmp_path / "ckpt")
+    assert learner.version == 0
