@@ -118,12 +118,13 @@ def test_checkpoint_from_a_different_model_is_rejected(tiny_model_dir, tmp_path)
         assert torch.equal(p, before[n])
 
 
-def test_saved_learner_resumes_exactly(tiny_model_dir, tmp_path):
-    """Model, Adam moments and lr schedule come back: the step after a save/load equals the
-    step the original learner takes."""
+@pytest.mark.parametrize("distributed_optimizer", [False, True])
+def test_saved_learner_resumes_exactly(tiny_model_dir, tmp_path, distributed_optimizer):
+    """Model, Adam moments, Adam step counts and lr schedule come back: the step after a
+    save/load equals the step the original learner takes."""
     from pc_megatron.algo import LossConfig
 
-    cfg = LearnerConfig(lr_warmup_steps=3)
+    cfg = LearnerConfig(lr_warmup_steps=3, distributed_optimizer=distributed_optimizer)
     tokens = torch.randint(2, 23, (3, 7), generator=torch.Generator().manual_seed(5))
     batch = TokenBatch(tokens, torch.ones(3, 6))
     adv = torch.tensor([1.0, -0.5, 0.3])

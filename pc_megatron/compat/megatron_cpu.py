@@ -17,8 +17,11 @@ CUDA we patch exactly those places, and nothing else:
   (``'torch.cuda.FloatTensor'``): while it builds its parameter groups, and only then, CPU
   tensors report the CUDA spelling of their type.
 - Without TE/Apex the optimizer is torch's Adam, whose per-parameter state holds a ``step``
-  that the distributed optimizer's reshardable load does not carry per parameter (it restores
-  it afterwards from the parameter groups): the per-parameter copy keeps the current ``step``.
+  that the distributed optimizer's reshardable load does not carry per parameter: the
+  per-parameter copy keeps the current ``step``. The load then restores ``step`` from the
+  parameter groups as *one tensor shared by every parameter*, which torch's Adam increments in
+  place once per parameter (bias correction then uses a step count inflated by the number of
+  parameters): after the load each parameter gets its own copy.
 - The tensor-parallel RNG tracker forks a CUDA generator: it is replaced by one that forks the
   CPU generator (same semantics: a named, separately-seeded stream).
 
@@ -157,6 +160,17 @@ def _keeping_adam_step(set_states):
     return wrapped
 
 
+def _owning_adam_steps(load_state_dict):
+    def wrapped(self, state_dict):
+        out = load_state_dict(self, state_dict)
+        for state in self.optimizer.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+        return out
+
+    return wrapped
+
+
 def megatron_version() -> str:
     return version("megatron-core")
 
@@ -192,6 +206,7 @@ def apply() -> None:
     DistributedOptimizer._set_main_param_and_optimizer_states = _keeping_adam_step(
         DistributedOptimizer._set_main_param_and_optimizer_states
     )
+    DistributedOptimizer.load_state_dict = _owning_adam_steps(DistributedOptimizer.load_state_dict)
 
     from megatron.core.tensor_parallel import random as tp_random
 

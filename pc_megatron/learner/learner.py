@@ -446,13 +446,6 @@ class Learner:
                 f"{str(self.cfg.distributed_optimizer).lower()}; resume with the saved setting (the parallel "
                 "sizes may change)"
             )
-        if saved_distopt and meta.get("data_parallel_size", 1) > 1 and not torch.cuda.is_available():
-            raise ModelFileError(
-                f"{path}: saved with the distributed optimizer over {meta['data_parallel_size']} data-parallel "
-                "ranks; on CPU (torch Adam, no Transformer Engine) Megatron-Core does not restore those Adam "
-                "moments correctly (measured, docs/LOG.md), so this run stops rather than resume with wrong "
-                "state: resume on GPU, or train with learner.distributed_optimizer=false on CPU"
-            )
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             # Megatron's distributed optimizer describes its state for loading from the state
             # itself; a fresh one has none yet: Megatron's own dummy initialisation (overwritten
