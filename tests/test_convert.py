@@ -100,7 +100,13 @@ def test_bad_inputs_fail_clearly_and_leave_no_output(tiny_model_dir, tmp_path, c
     # a training checkpoint whose learner state is damaged
     learner = Learner(tiny_model_dir, LearnerConfig(), seed=0)
     save_checkpoint(tmp_path / "run" / "checkpoints", 1, {}, keep_last=1, hf_side=tiny_model_dir, learner=learner)
-    (tmp_path / "run" / "checkpoints" / "step_000001" / "learner" / ".metadata").write_bytes(b"\0" * 10)
+    learner_dir = tmp_path / "run" / "checkpoints" / "step_000001" / "learner"
+    for shard in learner_dir.glob("*.distcp"):  # truncated tensor data
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
+    with pytest.raises(ModelFileError, match="cannot read"):
+        megatron_to_hf_folder(tmp_path / "run", out)
+    assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))
+    (learner_dir / ".metadata").write_bytes(b"\0" * 10)  # damaged index
     with pytest.raises(ModelFileError, match="unreadable distributed checkpoint"):
         megatron_to_hf_folder(tmp_path / "run", out)
     assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))

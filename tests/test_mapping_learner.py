@@ -116,6 +116,11 @@ def test_checkpoint_from_a_different_model_is_rejected(tiny_model_dir, tmp_path)
         learner.load(tmp_path / "ckpt")
     for n, p in learner.module.named_parameters():
         assert torch.equal(p, before[n])
+    learner.save(tmp_path / "mine")
+    for shard in (tmp_path / "mine").glob("*.distcp"):  # truncated: one clear error
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
+    with pytest.raises(ModelFileError, match="cannot load the learner checkpoint.*earlier checkpoint"):
+        learner.load(tmp_path / "mine")
 
 
 @pytest.mark.parametrize("distributed_optimizer", [False, True])

@@ -176,15 +176,17 @@ def test_two_process_pp2_run_matches_one_process_and_resumes_at_pp1(cache_dir, t
     as the one-process run; its PP=2 checkpoint then resumes in one process at PP=1. (The test
     model has one kv head, so TP=2 is covered by test_parallel.py.)"""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
-    # the test model solves no prompt (zero advantages): an entropy bonus makes the update non-trivial
-    common = [*SMALL, "steps=2", "algo.loss.entropy_coef=0.05"]
-    train(load_config("tiny", common), tmp_path / "one")
+    # the test model solves no prompt (zero advantages): an entropy bonus makes the update
+    # non-trivial; a warm-start of its own (12 steps) is computed by the two-process run first,
+    # so the SFT phase runs under torchrun too, and the one-process run then reuses it
+    common = [*SMALL, "steps=2", "algo.loss.entropy_coef=0.05", "warmstart.steps=12"]
     args = [*common, "learner.pipeline_parallel_size=2", f"out_dir={tmp_path}", "name=pp2"]
     env = {**os.environ, "PC_MEGATRON_CACHE": str(cache_dir), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [*cmd, "pc_megatron.cli", "train", *args], env=env, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    train(load_config("tiny", common), tmp_path / "one")
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "pp2")
     assert [r["step"] for r in two] == [0, 1, 2]
     assert one[0]["eval_accuracy"] == two[0]["eval_accuracy"]

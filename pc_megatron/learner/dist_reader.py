@@ -19,6 +19,12 @@ from pc_megatron.errors import ModelFileError
 from pc_megatron.model.arch import ArchSpec
 
 
+def last_line(e: BaseException) -> str:
+    """The gist of an exception whose text may be a whole remote traceback (DCP's are)."""
+    lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
 def _sharded_key(name: str, keys_map: dict[str, str]) -> tuple[str, int | None]:
     """(checkpoint key, layer index or None) of global Megatron parameter ``name``."""
     if not name.startswith("decoder.layers."):
@@ -58,6 +64,7 @@ def read_learner_checkpoint(path: str | Path, arch: ArchSpec, names: list[str]) 
     PyTorch's distributed-checkpoint reader one layer at a time (memory bounded by a layer)."""
     import torch.distributed.checkpoint as dcp
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
     try:
@@ -96,8 +103,11 @@ def read_learner_checkpoint(path: str | Path, arch: ArchSpec, names: list[str]) 
             dcp.load(
                 buffers, storage_reader=dcp.FileSystemReader(str(path)), planner=_slice_planner(slices), no_dist=True
             )
-        except Exception as e:  # a missing or truncated .distcp file
-            raise ModelFileError(f"{path}: cannot read {', '.join(slices)} ({e})") from None
+        except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
+            raise ModelFileError(
+                f"{path}: cannot read {', '.join(slices)} ({last_line(e)}); the checkpoint files are damaged "
+                "or incomplete: convert an earlier checkpoint"
+            ) from None
         for name in members:
             t = buffers[keys[name]]
             yield name, t[0] if name.startswith("decoder.layers.") else t

@@ -452,7 +452,17 @@ class Learner:
             # by the load).
             if hasattr(opt, "_init_optimizer_states_with_dummy_values") and not opt.optimizer.state:
                 opt._init_optimizer_states_with_dummy_values()
-        state = dist_checkpointing.load(self._sharded_state(loading=True), str(path))
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from pc_megatron.learner.dist_reader import last_line
+
+        try:
+            state = dist_checkpointing.load(self._sharded_state(loading=True), str(path))
+        except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
+            raise ModelFileError(
+                f"{path}: cannot load the learner checkpoint ({last_line(e)}); its files are damaged or "
+                "incomplete: resume from an earlier checkpoint (write its folder name into checkpoints/latest)"
+            ) from None
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
