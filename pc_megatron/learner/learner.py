@@ -329,6 +329,11 @@ class Learner:
         self.optimizer.zero_grad()
         if float(batch.loss_mask.sum()) < 1:
             raise TrainingError("the batch has no trained tokens (loss_mask is all zero); nothing to learn from")
+        if len(batch) < self.parallel.data_parallel_size:
+            raise TrainingError(
+                f"a batch of {len(batch)} sequences cannot feed {self.parallel.data_parallel_size} data-parallel "
+                "ranks; train on at least one sequence per rank (algo.prompts_per_step x samples_per_prompt)"
+            )
         sums = self._run(batch, loss_fn, keys, forward_only=False)
         loss = sums["loss"] / max(sums["tokens"], 1.0)
         if not math.isfinite(loss):
