@@ -63,8 +63,7 @@ def main() -> None:
             result["hf"] = {k: v.clone() for k, v in learner.hf_named_tensors()}  # views of the parameters
             result["stats"] = rl_step(learner, batch(1))
             result["logits_after"] = learner.forward_logits(tokens)
-            if not os.environ.get("PCM_NO_SAVE"):
-                learner.save(ckpt_root / name)
+            learner.save(ckpt_root / name)
         else:
             learner.load(ckpt_root / name)
             result = {"version": learner.version}
