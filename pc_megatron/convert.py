@@ -35,29 +35,20 @@ import torch
 
 from pc_megatron.checkpoint import copy_hf_side_files
 from pc_megatron.errors import ModelFileError, UserError
-from pc_megatron.learner.learner import CHECKPOINT_META
+from pc_megatron.learner.learner import CHECKPOINT_META, read_checkpoint_meta
 from pc_megatron.model.arch import ArchSpec, arch_from_hf_config, load_arch
 from pc_megatron.weight_sync.mapping import megatron_to_hf
-from pc_megatron.weight_sync.sharding import HFTensors, check_divisible, megatron_shard_from_hf, pipeline_stage, unshard
+from pc_megatron.weight_sync.sharding import (
+    HFTensors,
+    check_divisible,
+    megatron_param_names,
+    megatron_shard_from_hf,
+    pipeline_stage,
+    unshard,
+)
 
 FORMAT = 1
 META = "pcm_model.json"
-
-
-def megatron_param_names(arch: ArchSpec) -> list[str]:
-    """The parameters of Megatron-Core's GPTModel (local layer spec) for ``arch``, in order."""
-    names = ["embedding.word_embeddings.weight"]
-    for i in range(arch.num_layers):
-        p = f"decoder.layers.{i}."
-        names += [p + "input_layernorm.weight", p + "self_attention.linear_proj.weight"]
-        names += [p + "self_attention.linear_qkv.weight"]
-        names += [p + "self_attention.linear_qkv.bias"] if arch.qkv_bias else []
-        names += [p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight"] * arch.qk_norm
-        names += [p + "pre_mlp_layernorm.weight", p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
-    names.append("decoder.final_layernorm.weight")
-    if not arch.tie_word_embeddings:
-        names.append("output_layer.weight")
-    return names
 
 
 class _Output:
@@ -164,11 +155,7 @@ def _megatron_source(src: Path) -> tuple[ArchSpec, Path, Iterator[tuple[str, tor
     if (learner / CHECKPOINT_META).is_file():
         from pc_megatron.learner.dist_reader import read_learner_checkpoint
 
-        saved = json.loads((learner / CHECKPOINT_META).read_text())
-        if saved.get("arch") != arch.__dict__:
-            raise ModelFileError(
-                f"{learner}: the learner checkpoint and {side / 'config.json'} describe different models"
-            )
+        read_checkpoint_meta(learner, arch)  # this format, and the model of hf/config.json
         return arch, side, read_learner_checkpoint(learner, arch, megatron_param_names(arch))
     if (src / "state.pt").is_file():
         raise ModelFileError(

@@ -33,6 +33,7 @@ from pc_megatron.weight_sync.mapping import megatron_to_hf
 from pc_megatron.weight_sync.sharding import (
     HFTensors,
     check_divisible,
+    megatron_param_names,
     megatron_shard_from_hf,
     pipeline_stage,
     split_kind,
@@ -175,8 +176,6 @@ class Learner:
         are gathered over the tensor-parallel group and, at PP>1, broadcast from the stage that
         holds them, so at most one full tensor is held at once."""
         from megatron.core import parallel_state as ps
-
-        from pc_megatron.convert import megatron_param_names
 
         params = {self._global[n]: p.detach() for n, p in self.module.named_parameters()}
         pp = self.parallel.pipeline_parallel_size
@@ -433,17 +432,7 @@ class Learner:
         from megatron.core import dist_checkpointing
 
         path = Path(path)
-        meta_path = path / CHECKPOINT_META
-        if not meta_path.is_file():
-            raise ModelFileError(f"{path}: no {CHECKPOINT_META}; not a learner checkpoint (or an incomplete one)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != CHECKPOINT_FORMAT:
-            raise ModelFileError(f"{meta_path}: format {meta.get('format')}, this version reads {CHECKPOINT_FORMAT}")
-        if meta["arch"] != self.arch.__dict__:
-            diff = {
-                k: (v, self.arch.__dict__.get(k)) for k, v in meta["arch"].items() if self.arch.__dict__.get(k) != v
-            }
-            raise ModelFileError(f"{path}: checkpoint is from a different model (checkpoint vs this run: {diff})")
+        meta = read_checkpoint_meta(path, self.arch)
         saved_distopt = meta.get("distributed_optimizer", False)
         if saved_distopt != self.cfg.distributed_optimizer:
             raise ModelFileError(
@@ -472,6 +461,21 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
+
+
+def read_checkpoint_meta(path: Path, arch: ArchSpec) -> dict:
+    """``pcm_learner.json`` of the learner checkpoint at ``path``, checked: this format, and the
+    model ``arch`` (a checkpoint of another model is named with its differences)."""
+    meta_path = path / CHECKPOINT_META
+    if not meta_path.is_file():
+        raise ModelFileError(f"{path}: no {CHECKPOINT_META}; not a learner checkpoint (or an incomplete one)")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise ModelFileError(f"{meta_path}: format {meta.get('format')}, this version reads {CHECKPOINT_FORMAT}")
+    if meta["arch"] != arch.__dict__:
+        diff = {k: (v, arch.__dict__.get(k)) for k, v in meta["arch"].items() if arch.__dict__.get(k) != v}
+        raise ModelFileError(f"{path}: checkpoint is from a different model (checkpoint vs this run: {diff})")
+    return meta
 
 
 def _global_names(module: torch.nn.Module) -> dict[str, str]:

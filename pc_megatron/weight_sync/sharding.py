@@ -28,6 +28,22 @@ from pc_megatron.model.arch import ArchSpec
 from pc_megatron.weight_sync import mapping
 
 
+def megatron_param_names(arch: ArchSpec) -> list[str]:
+    """The parameters of Megatron-Core's GPTModel (local layer spec) for ``arch``, in order."""
+    names = ["embedding.word_embeddings.weight"]
+    for i in range(arch.num_layers):
+        p = f"decoder.layers.{i}."
+        names += [p + "input_layernorm.weight", p + "self_attention.linear_proj.weight"]
+        names += [p + "self_attention.linear_qkv.weight"]
+        names += [p + "self_attention.linear_qkv.bias"] if arch.qkv_bias else []
+        names += [p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight"] * arch.qk_norm
+        names += [p + "pre_mlp_layernorm.weight", p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
+    names.append("decoder.final_layernorm.weight")
+    if not arch.tie_word_embeddings:
+        names.append("output_layer.weight")
+    return names
+
+
 def split_kind(name: str) -> str:
     if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
         return "rows"
