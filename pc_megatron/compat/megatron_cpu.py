@@ -16,6 +16,9 @@ CUDA we patch exactly those places, and nothing else:
 - The distributed optimizer sorts parameters by ``tensor.type()`` strings naming CUDA types
   (``'torch.cuda.FloatTensor'``): while it builds its parameter groups, and only then, CPU
   tensors report the CUDA spelling of their type.
+- Without TE/Apex the distributed optimizer reads the Adam step count from its per-parameter
+  state when it describes itself for a load, and asserts there is one: a fresh optimizer (no
+  step taken yet) gets Megatron's own dummy state first (overwritten by the load).
 - Without TE/Apex the optimizer is torch's Adam, whose per-parameter state holds a ``step``
   that the distributed optimizer's reshardable load does not carry per parameter: the
   per-parameter copy keeps the current ``step``. The load then restores ``step`` from the
@@ -160,6 +163,15 @@ def _keeping_adam_step(set_states):
     return wrapped
 
 
+def _with_state_to_load(sharded_state_dict):
+    def wrapped(self, model_sharded_state_dict=None, is_loading=False, *args, **kwargs):
+        if is_loading and not self.optimizer.state:
+            self._init_optimizer_states_with_dummy_values()
+        return sharded_state_dict(self, model_sharded_state_dict or {}, is_loading, *args, **kwargs)
+
+    return wrapped
+
+
 def _owning_adam_steps(load_state_dict):
     def wrapped(self, state_dict):
         out = load_state_dict(self, state_dict)
@@ -207,6 +219,7 @@ def apply() -> None:
         DistributedOptimizer._set_main_param_and_optimizer_states
     )
     DistributedOptimizer.load_state_dict = _owning_adam_steps(DistributedOptimizer.load_state_dict)
+    DistributedOptimizer.sharded_state_dict = _with_state_to_load(DistributedOptimizer.sharded_state_dict)
 
     from megatron.core.tensor_parallel import random as tp_random
 

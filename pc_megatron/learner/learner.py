@@ -440,12 +440,6 @@ class Learner:
                 f"{str(self.cfg.distributed_optimizer).lower()}; resume with the saved setting (the parallel "
                 "sizes may change)"
             )
-        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            # Megatron's distributed optimizer describes its state for loading from the state
-            # itself; a fresh one has none yet: Megatron's own dummy initialisation (overwritten
-            # by the load).
-            if hasattr(opt, "_init_optimizer_states_with_dummy_values") and not opt.optimizer.state:
-                opt._init_optimizer_states_with_dummy_values()
         from torch.distributed.checkpoint.api import CheckpointException
 
         from pc_megatron.learner.dist_reader import last_line
