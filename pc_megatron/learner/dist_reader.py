@@ -74,16 +74,13 @@ def read_learner_checkpoint(path: str | Path, arch: ArchSpec, names: list[str]) 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
     keys_map = spec.submodules.sharded_state_dict_keys_map
 
-    def group_of(name: str) -> str:
-        return ".".join(name.split(".")[:3]) if name.startswith("decoder.layers.") else name
-
-    groups: dict[str, list[str]] = {}
+    groups: dict[str | int, list[tuple[str, str, int | None]]] = {}  # one read per layer
     for name in names:
-        groups.setdefault(group_of(name), []).append(name)
+        key, layer = _sharded_key(name, keys_map)
+        groups.setdefault(name if layer is None else layer, []).append((name, key, layer))
     for members in groups.values():
-        slices, buffers, keys = {}, {}, {}
-        for name in members:
-            key, layer = _sharded_key(name, keys_map)
+        slices, buffers = {}, {}
+        for name, key, layer in members:
             if key not in meta or not hasattr(meta[key], "chunks"):
                 raise ModelFileError(
                     f"{path}: no tensor {key} (for {name}); the checkpoint does not match hf/config.json"
@@ -98,7 +95,7 @@ def read_learner_checkpoint(path: str | Path, arch: ArchSpec, names: list[str]) 
                         "checkpoint is from a different model"
                     )
                 offsets, sizes = (layer,) + (0,) * (len(size) - 1), (1, *size[1:])
-            slices[key], buffers[key], keys[name] = (offsets, sizes), torch.empty(sizes, dtype=dtype), key
+            slices[key], buffers[key] = (offsets, sizes), torch.empty(sizes, dtype=dtype)
         try:
             dcp.load(
                 buffers, storage_reader=dcp.FileSystemReader(str(path)), planner=_slice_planner(slices), no_dist=True
@@ -108,6 +105,5 @@ def read_learner_checkpoint(path: str | Path, arch: ArchSpec, names: list[str]) 
                 f"{path}: cannot read {', '.join(slices)} ({last_line(e)}); the checkpoint files are damaged "
                 "or incomplete: convert an earlier checkpoint"
             ) from None
-        for name in members:
-            t = buffers[keys[name]]
-            yield name, t[0] if name.startswith("decoder.layers.") else t
+        for name, key, layer in members:
+            yield name, buffers[key] if layer is None else buffers[key][0]

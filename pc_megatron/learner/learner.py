@@ -219,19 +219,11 @@ class Learner:
         pos = torch.arange(s, device=self.device).unsqueeze(0).expand(b, -1)
         return model(tokens, pos, self._causal_mask(s))
 
-    @torch.no_grad()
     def forward_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """``(N, S, V) float32`` logits of a token batch, on every rank (parity checks, tools;
         training never materialises more than one micro-batch of logits)."""
-        self.model.eval()
-        out = torch.zeros(*tokens.shape, self.arch.vocab_size)
-
-        def loss_fn(rows, _tokens, logits):
-            out[rows] = logits.float().cpu()
-            return torch.zeros((), device=self.device), torch.zeros(()), {}
-
-        self._run(TokenBatch(tokens, torch.zeros(tokens.shape[0], tokens.shape[1] - 1)), loss_fn, (), True)
-        return self._collect(out)
+        batch = TokenBatch(tokens, torch.zeros(tokens.shape[0], tokens.shape[1] - 1))
+        return self._per_row(batch, (tokens.shape[1], self.arch.vocab_size), lambda logits, _tokens: logits)
 
     def _token_logp(self, logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
         """``(log p(tokens[:, t+1]), entropy)`` each ``(N, S-1)`` at the sampling temperature,
@@ -290,14 +282,20 @@ class Learner:
         sums = self._collect(sums)
         return dict(zip(("loss", "tokens", *keys), sums.tolist(), strict=True))
 
-    @torch.no_grad()
     def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
         """``(N, S-1) float32`` log-probs of each next token under the current policy."""
+        width = (batch.tokens.shape[1] - 1,)
+        return self._per_row(batch, width, lambda logits, tokens: self._token_logp(logits, tokens, temperature)[0])
+
+    @torch.no_grad()
+    def _per_row(self, batch: TokenBatch, shape: tuple[int, ...], value: Callable) -> torch.Tensor:
+        """``(N, *shape) float32``: ``value(logits, tokens)`` of every micro-batch, forward only,
+        gathered into one tensor on every rank."""
         self.model.eval()
-        out = torch.zeros(len(batch), batch.tokens.shape[1] - 1)
+        out = torch.zeros(len(batch), *shape)
 
         def loss_fn(rows, tokens, logits):
-            out[rows] = self._token_logp(logits, tokens, temperature)[0].float().cpu()
+            out[rows] = value(logits, tokens).float().cpu()
             return torch.zeros((), device=self.device), torch.zeros(()), {}
 
         self._run(batch, loss_fn, (), forward_only=True)
