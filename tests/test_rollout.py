@@ -58,17 +58,42 @@ def test_stop_tokens_end_a_completion(engine):
         assert c.finish_reason == "stop" or len(c.token_ids) == 3
 
 
-def test_update_weights_changes_outputs_and_rejects_unknown_names(engine):
+def test_update_weights_changes_outputs_and_checks_the_manifest(engine):
+    from pc_megatron.weight_sync.manifest import WeightSyncError
+
     p = SamplingParams(temperature=0.0, max_new_tokens=4)
     before = engine.generate(PROMPTS, 1, p, seed=0)
     saved = {n: t.clone() for n, t in engine.model.named_parameters()}
     try:
-        engine.update_weights((n, torch.randn_like(t)) for n, t in saved.items())
-        assert [c.logprobs for c in engine.generate(PROMPTS, 1, p, seed=0)] != [c.logprobs for c in before]
-        with pytest.raises(KeyError, match="no parameter"):
-            engine.update_weights([("model.bogus.weight", torch.zeros(1))])
+        stats = engine.update_weights(((n, torch.randn_like(t)) for n, t in saved.items()), version=7)
+        assert stats["weight_sync_bytes"] == sum(t.numel() * 4 for t in saved.values())
+        after = engine.generate(PROMPTS, 1, p, seed=0)
+        assert [c.logprobs for c in after] != [c.logprobs for c in before]
+        assert {c.weight_version for c in after} == {7} and {c.weight_version for c in before} == {0}
+        changed = {n: t.clone() for n, t in engine.model.named_parameters()}
+        bad_streams = {
+            "has no tensor 'model.bogus.weight'": [*saved.items(), ("model.bogus.weight", torch.zeros(1))],
+            "'model.norm.weight' was never sent": [(n, t) for n, t in saved.items() if n != "model.norm.weight"],
+            "'model.norm.weight' was sent twice": [*saved.items(), ("model.norm.weight", saved["model.norm.weight"])],
+            "'model.norm.weight' has shape": [(n, t[:-1] if n == "model.norm.weight" else t) for n, t in saved.items()],
+        }
+        for message, stream in bad_streams.items():
+            with pytest.raises(WeightSyncError, match=message):
+                engine.update_weights(stream, version=8)
+            # staged: a rejected stream changes nothing
+            assert all(torch.equal(t, changed[n]) for n, t in engine.model.named_parameters())
+            assert engine.weight_version == 7
     finally:
-        engine.update_weights(saved.items())
+        engine.update_weights(saved.items(), version=0)
+
+
+def test_prompt_logprobs_are_the_models(engine):
+    lps = engine.prompt_logprobs(PROMPTS)
+    for prompt, lp in zip(PROMPTS, lps, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            ref = torch.log_softmax(engine.model(input_ids=ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None])
+        assert lp == pytest.approx(ref.squeeze(-1).tolist(), abs=1e-6)
 
 
 def test_completions_to_batch_aligns_masks_and_logprobs(engine):

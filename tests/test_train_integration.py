@@ -28,7 +28,7 @@ SMALL = [
     "eval.every_steps=2",
     "progress=false",
 ]
-TIME_KEYS = ("time_",)
+TIME_KEYS = ("time_", "weight_sync_s", "weight_sync_gbps")  # wall-clock figures
 
 
 def comparable(row: dict) -> dict:

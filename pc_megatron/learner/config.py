@@ -58,6 +58,10 @@ class LearnerConfig:
     'torch' (the reference), 'auto' (triton on CUDA, torch on CPU)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward; gradients accumulate over micro-batches."""
+    offload_during_rollout: bool = False
+    """Colocated GPU runs: move optimizer state and gradient buffers to host memory while the
+    engine generates, back before the next update (frees room for the engine's KV cache). No
+    effect on CPU, where there is no device memory to free."""
 
     def validate(self) -> None:
         if self.tensor_parallel_size < 1:

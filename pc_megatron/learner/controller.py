@@ -25,7 +25,18 @@ from pc_megatron.learner.learner import Learner
 
 # Learner methods that run collectives: every rank must make the call.
 COLLECTIVE = frozenset(
-    {"logprobs", "forward_logits", "train_rl", "train_sft", "full_named_parameters", "hf_named_tensors", "save", "load"}
+    {
+        "logprobs",
+        "forward_logits",
+        "train_rl",
+        "train_sft",
+        "full_named_parameters",
+        "hf_named_tensors",
+        "save",
+        "load",
+        "offload",
+        "onload",
+    }
 )
 _ids = itertools.count()
 

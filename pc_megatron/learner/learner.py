@@ -129,6 +129,7 @@ class Learner:
             wd_incr_style="constant",
         )
         self.version = 0  # policy version: number of optimizer steps taken
+        self._offloaded = False
         self._masks: dict[int, torch.Tensor] = {}
 
     # ----------------------------------------------------------------- weights
@@ -205,6 +206,22 @@ class Learner:
         views of the parameters: copy them to keep them across an optimizer step."""
         for name, full in self.full_named_parameters():
             yield from megatron_to_hf({name: full}, self.arch)
+
+    # ----------------------------------------------------------------- colocation
+    def offload(self) -> None:
+        """With ``offload_during_rollout`` on a GPU: optimizer state (and fp32 main weights) to
+        host memory, gradient buffers freed, so the engine can use the memory while it generates."""
+        if self.cfg.offload_during_rollout and self.device.type == "cuda" and not self._offloaded:
+            self.model.offload_grad_buffers()
+            self.optimizer.offload_to_cpu()
+            self._offloaded = True
+
+    def onload(self) -> None:
+        """Undo ``offload`` before the learner computes again (gradient buffers come back zeroed)."""
+        if self._offloaded:
+            self.optimizer.restore_from_cpu()
+            self.model.restore_grad_buffers()
+            self._offloaded = False
 
     # ----------------------------------------------------------------- forward
     def _causal_mask(self, s: int) -> torch.Tensor:
@@ -321,6 +338,7 @@ class Learner:
     def _step(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...] = ()) -> dict[str, float]:
         """Gradients of the token-mean loss over ``batch`` (accumulated over micro-batches,
         reduced over data-parallel ranks), then one optimizer step."""
+        self.onload()
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -406,6 +424,7 @@ class Learner:
         checkpoint: every rank writes its shards; collective). Loadable at any TP/PP/DP."""
         from megatron.core import dist_checkpointing
 
+        self.onload()  # the checkpoint holds the optimizer state where training uses it
         path = Path(path)
         if dist.get_rank() == 0:
             path.mkdir(parents=True, exist_ok=True)
@@ -429,6 +448,7 @@ class Learner:
         A checkpoint of a different model is refused before anything is changed."""
         from megatron.core import dist_checkpointing
 
+        self.onload()
         path = Path(path)
         meta = read_checkpoint_meta(path, self.arch)
         saved_distopt = meta.get("distributed_optimizer", False)

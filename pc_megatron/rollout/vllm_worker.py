@@ -1,0 +1,70 @@
+"""Runs inside each vLLM worker process (``worker_extension_cls``): receives weight buckets and
+loads them in place through vLLM's layerwise reload, and reports the weight version it serves.
+
+One sync is bracketed once (``pcm_begin_sync`` ... ``pcm_end_sync``): vLLM buffers each layer's
+tensors until the whole layer has arrived, then runs the layer's post-load processing (the CPU
+backend repacks linear weights there), so a layer split across buckets is still processed once,
+whole. Tied output layers need one more step: the CPU backend keeps a packed copy of the tied
+embedding for the logits GEMM, and the reload rebuilds only the embedding's own copy, leaving
+the output layer's stale (measured: log-prob error 3.0 after the embedding changed). After the
+reload every embedding-method module (embedding and tied output layer) re-runs its post-load
+processing, which rebuilds that copy from the updated weight (idempotent; nothing on GPU).
+
+While a sync is open or after one failed, the version is ``None``: the driver refuses to
+generate from a half-updated model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class; methods are called through ``LLM.collective_rpc``."""
+
+    _pcm_version: int | None = 0
+    _pcm_receiver: Any = None
+    _pcm_received: int = 0
+
+    def pcm_weight_version(self) -> int | None:
+        return self._pcm_version
+
+    def pcm_begin_sync(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        from pc_megatron.weight_sync.transport import BucketReceiver
+
+        self._pcm_version = None
+        self._pcm_received = 0
+        if self._pcm_receiver is None:
+            self._pcm_receiver = BucketReceiver(self.device)
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.model)
+
+    def pcm_load_bucket(self, handle: dict) -> int:
+        """Load one bucket; returns the number of tensors taken."""
+        from vllm.config import set_current_vllm_config
+
+        tensors = self._pcm_receiver.open(handle)
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.model.load_weights(iter(tensors))
+        self._pcm_received += len(tensors)
+        return len(tensors)
+
+    def pcm_end_sync(self, version: int, expected_tensors: int) -> int | None:
+        """Finish the reload. ``version`` becomes the served version only if every tensor the
+        driver sent arrived (``expected_tensors``) and the driver's manifest was complete."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        model = self.model_runner.model
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+            for module in model.modules():
+                method = getattr(module, "quant_method", None)
+                if type(method).__name__ == "UnquantizedEmbeddingMethod":
+                    method.process_weights_after_loading(module)
+        self._pcm_receiver.close()
+        self._pcm_version = version if version >= 0 and self._pcm_received == expected_tensors else None
+        return self._pcm_version
