@@ -155,8 +155,9 @@ def _megatron_source(src: Path) -> tuple[ArchSpec, Path, Iterator[tuple[str, tor
     if (learner / CHECKPOINT_META).is_file():
         from pc_megatron.learner.dist_reader import read_learner_checkpoint
 
-        read_checkpoint_meta(learner, arch)  # this format, and the model of hf/config.json
-        return arch, side, read_learner_checkpoint(learner, arch, megatron_param_names(arch))
+        meta = read_checkpoint_meta(learner, arch)  # this format, and the model of hf/config.json
+        names = megatron_param_names(arch, meta.get("transformer_impl", "local"))
+        return arch, side, read_learner_checkpoint(learner, arch, names)
     if (src / "state.pt").is_file():
         raise ModelFileError(
             f"{src}: a checkpoint in the earlier format (learner state inside state.pt), which this "

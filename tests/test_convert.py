@@ -115,3 +115,33 @@ def test_bad_inputs_fail_clearly_and_leave_no_output(tiny_model_dir, tmp_path, c
     # TP that does not divide the model, through the CLI: one line, exit code 2
     assert main(["convert", "--to", "megatron", str(tiny_model_dir), str(out), "--tp", "3"]) == 2
     assert "does not divide" in capsys.readouterr().err and not out.exists()
+
+
+def test_transformer_engine_names_map_to_the_same_hf_tensors(hf_model):
+    """The TE layer spec fuses the pre-attention / pre-MLP norms into the next linear; its name
+    table (walked by weight export at PP>1 and by convert on TE checkpoints) must read every HF
+    tensor and map back to the HF folder exactly, with the same pipeline stages as the local one."""
+    from pc_megatron.weight_sync.mapping import megatron_to_hf
+    from pc_megatron.weight_sync.sharding import HFTensors, megatron_shard_from_hf, pipeline_stage
+
+    arch = load_arch(hf_model)
+    local, te = megatron_param_names(arch, "local"), megatron_param_names(arch, "transformer_engine")
+    assert not [n for n in te if n.endswith(("input_layernorm.weight", "pre_mlp_layernorm.weight"))]
+    assert len(set(te)) == len(te) == len(local)
+    assert [pipeline_stage(n, arch, 2) for n in te] == [pipeline_stage(n, arch, 2) for n in local]
+    hf = HFTensors(hf_model)
+    back = dict(megatron_to_hf({n: megatron_shard_from_hf(n, hf, arch, 0, 1) for n in te}, arch))
+    assert sorted(back) == sorted(hf.where)
+    assert all(torch.equal(back[k], hf.read(k)) for k in back)
+
+
+def test_a_name_table_that_disagrees_with_the_model_is_one_clear_error(hf_model, monkeypatch):
+    """The learner checks its parameters against the table at start (a wrong table would hang
+    the other pipeline stages during weight export)."""
+    import pc_megatron.learner.learner as learner_mod
+    from pc_megatron.errors import ModelFileError
+
+    te_table = lambda arch, impl: megatron_param_names(arch, "transformer_engine")  # noqa: E731
+    monkeypatch.setattr(learner_mod, "megatron_param_names", te_table)
+    with pytest.raises(ModelFileError, match=r"local layer spec: parameter decoder.layers.0.*name table"):
+        Learner(hf_model, LearnerConfig(transformer_impl="local"), seed=0)

@@ -1,4 +1,5 @@
-"""GPU paths (marked ``gpu``; skipped on CPU): Transformer Engine layer spec and the CUDA engine.
+"""GPU paths (marked ``gpu``; skipped on CPU): Transformer Engine layer spec, the CUDA engines,
+colocated vLLM (sleep/wake, CUDA-IPC weight sync, learner offload) and the 1.5B rollout rate.
 
 Run on a GPU machine with ``pytest -m gpu``. Not yet run: no GPU was available when written.
 """
@@ -20,7 +21,7 @@ def test_learner_on_gpu_matches_the_engine(tiny_model_dir, impl):
         pytest.importorskip("transformer_engine")
     learner = Learner(tiny_model_dir, LearnerConfig(transformer_impl=impl), seed=0)
     engine = HFEngine(tiny_model_dir)
-    engine.update_weights(learner.hf_named_tensors())
+    engine.update_weights(learner.hf_named_tensors(), learner.version)
     prompts = [[3, 4, 12, 5, 16], [7, 16]]
     completions = engine.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=6), seed=0)
     batch, engine_logp = completions_to_batch(prompts, completions, pad_id=0)
@@ -65,3 +66,75 @@ def test_fp8_forward_backward_close_to_bf16(tmp_path, recipe):
     cos = torch.nn.functional.cosine_similarity
     assert cos(out["bf16"][0].flatten(), out["fp8"][0].flatten(), dim=0) > 0.99
     assert cos(out["bf16"][1], out["fp8"][1], dim=0) > 0.95
+
+
+def _vllm_cfg(**kw):
+    from pc_megatron.rollout.base import RolloutConfig, VllmConfig
+
+    return RolloutConfig(backend="vllm", vllm=VllmConfig(gpu_memory_utilization=0.3, **kw))
+
+
+def test_colocated_vllm_sleeps_wakes_and_takes_the_learners_weights_over_cuda_ipc(tmp_path):
+    """One GPU shared by a bf16 learner and a vLLM engine: the engine sleeps (memory returned)
+    while the learner trains with its optimizer state offloaded and back, then a CUDA-IPC sync
+    wakes it with the new weights; engine log-probs match the learner's to bf16 precision."""
+    pytest.importorskip("vllm")
+    from pc_megatron.algo import LossConfig
+    from pc_megatron.model.tiny import TinyModelConfig, create_tiny_model
+    from pc_megatron.rollout.batch import logprob_mismatch
+    from pc_megatron.rollout.vllm_engine import VllmEngine
+
+    folder = create_tiny_model(
+        TinyModelConfig(num_layers=4, hidden_size=512, num_heads=8, num_kv_heads=2, intermediate_size=1024),
+        tmp_path / "m",
+    )
+    learner = Learner(folder, LearnerConfig(bf16=True, lr=1e-4, offload_during_rollout=True), seed=0)
+    engine = VllmEngine(folder, _vllm_cfg(), learner_bf16=True)
+    assert engine.sender.kind == "cuda_ipc" and engine.sleep_level == 2
+    prompts = [[3, 4, 12, 5, 16], [7, 16, 9, 9]]
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    for step in range(2):
+        learner.offload()
+        cs = engine.generate(prompts, 8, params, seed=step)
+        free_awake = torch.cuda.mem_get_info()[0]
+        engine.sleep()
+        assert torch.cuda.mem_get_info()[0] > free_awake  # the engine gave memory back
+        batch, elp = completions_to_batch(prompts, cs, pad_id=0)
+        old = learner.logprobs(batch)
+        _, worst = logprob_mismatch(old, elp, batch.loss_mask)
+        assert worst < 0.1, f"step {step}: engine/learner log-prob gap {worst} (bf16)"
+        adv = torch.linspace(-1, 1, len(cs))
+        learner.train_rl(batch, old, adv, LossConfig(), 1.0)
+        stats = engine.update_weights(learner.hf_named_tensors(), learner.version)
+        assert engine.served_version() == learner.version and stats["weight_sync_gbps"] > 0
+    engine.close()
+
+
+def test_vllm_rollout_throughput_at_the_1_5b_recipe_shape(tmp_path):
+    """The 1.5B recipe's engine settings on a random Qwen2.5-1.5B-shaped model: generated
+    tokens per second for 64 prompts x 8 samples x 512 tokens (printed; a floor, not a target)."""
+    pytest.importorskip("vllm")
+    import time
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from pc_megatron.model.tiny import build_tokenizer
+    from pc_megatron.rollout.vllm_engine import VllmEngine
+
+    cfg = Qwen2Config(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True,
+        eos_token_id=1,
+    )  # fmt: skip
+    Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "m")
+    build_tokenizer().save_pretrained(tmp_path / "m")
+    engine = VllmEngine(tmp_path / "m", _vllm_cfg(max_model_len=1024, max_num_seqs=512), learner_bf16=True)
+    prompts = [list(range(2, 2 + 64)) for _ in range(64)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=512, stop_token_ids=())
+    engine.generate(prompts[:4], 1, params, seed=0)
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, 8, params, seed=1)
+    rate = sum(len(c.token_ids) for c in out) / (time.perf_counter() - t0)
+    print(f"vLLM 1.5B-shaped rollout: {rate:,.0f} generated tokens/s")
+    engine.close()
+    assert rate > 1000

@@ -26,7 +26,7 @@ from kernels.grpo_loss import logprob_entropy
 from pc_megatron.algo.loss import LossConfig, policy_loss
 from pc_megatron.errors import ModelFileError, TrainingError
 from pc_megatron.learner.config import LearnerConfig
-from pc_megatron.learner.model import build_gpt_model
+from pc_megatron.learner.model import build_gpt_model, resolve_transformer_impl
 from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.arch import ArchSpec, load_arch
 from pc_megatron.weight_sync.mapping import megatron_to_hf
@@ -90,7 +90,9 @@ class Learner:
         )
         module.config.finalize_model_grads_func = finalize_model_grads
         self.device = next(module.parameters()).device
+        self.transformer_impl = resolve_transformer_impl(cfg.transformer_impl)
         self._global = _global_names(module)
+        self._check_names()
         self._load_hf(module, model_dir)
         self.model = DistributedDataParallel(
             module.config,
@@ -157,6 +159,28 @@ class Learner:
                     )
                 param.copy_(tensor)
 
+    def _check_names(self) -> None:
+        """This stage's parameters are exactly the table's (``megatron_param_names`` for this
+        layer spec): weight export at PP>1 walks the table on every rank, so a name the table
+        lacks would otherwise hang the other stages."""
+        pp, me = self.parallel.pipeline_parallel_size, self._pp_rank()
+        table = megatron_param_names(self.arch, self.transformer_impl)
+        expected = {n for n in table if pipeline_stage(n, self.arch, pp) == me}
+        have = set(self._global.values())
+        if have != expected:
+            odd = sorted(have ^ expected)[0]
+            raise ModelFileError(
+                f"{self.transformer_impl} layer spec: parameter {odd} is {'not ' if odd in have else ''}in the "
+                "model but the name table (weight_sync/sharding.py megatron_param_names) says otherwise; "
+                "the table and this Megatron-Core version disagree"
+            )
+
+    @staticmethod
+    def _pp_rank() -> int:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_pipeline_model_parallel_rank()
+
     def _tp_rank_size(self) -> tuple[int, int]:
         from megatron.core import parallel_state as ps
 
@@ -188,7 +212,7 @@ class Learner:
         stage_ranks = dist.get_process_group_ranks(group)
         me = ps.get_pipeline_model_parallel_rank()
         dtype = next(iter(params.values())).dtype
-        for name in megatron_param_names(self.arch):
+        for name in megatron_param_names(self.arch, self.transformer_impl):
             owner = pipeline_stage(name, self.arch, pp)
             shape = torch.zeros(3, dtype=torch.int64, device=self.device)  # (ndim, size0, size1): 1-D or 2-D
             if owner == me:
@@ -438,6 +462,7 @@ class Learner:
                 "pipeline_parallel_size": self.parallel.pipeline_parallel_size,
                 "data_parallel_size": self.parallel.data_parallel_size,
                 "distributed_optimizer": self.cfg.distributed_optimizer,
+                "transformer_impl": self.transformer_impl,
                 "version": self.version,
             }
             (path / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))

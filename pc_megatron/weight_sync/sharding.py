@@ -28,16 +28,25 @@ from pc_megatron.model.arch import ArchSpec
 from pc_megatron.weight_sync import mapping
 
 
-def megatron_param_names(arch: ArchSpec) -> list[str]:
-    """The parameters of Megatron-Core's GPTModel (local layer spec) for ``arch``, in order."""
+def megatron_param_names(arch: ArchSpec, transformer_impl: str = "local") -> list[str]:
+    """The parameters of Megatron-Core's GPTModel for ``arch`` under a layer spec, in order.
+
+    ``local`` has separate pre-attention / pre-MLP norms (``input_layernorm``,
+    ``pre_mlp_layernorm``); ``transformer_engine`` fuses each into the next linear
+    (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``) and has no norm modules.
+    """
+    if transformer_impl not in ("local", "transformer_engine"):
+        raise ValueError(f"transformer_impl must be resolved to local or transformer_engine, not {transformer_impl}")
+    te = transformer_impl == "transformer_engine"
     names = ["embedding.word_embeddings.weight"]
     for i in range(arch.num_layers):
         p = f"decoder.layers.{i}."
-        names += [p + "input_layernorm.weight", p + "self_attention.linear_proj.weight"]
-        names += [p + "self_attention.linear_qkv.weight"]
+        attn_norm = p + ("self_attention.linear_qkv.layer_norm_weight" if te else "input_layernorm.weight")
+        mlp_norm = p + ("mlp.linear_fc1.layer_norm_weight" if te else "pre_mlp_layernorm.weight")
+        names += [attn_norm, p + "self_attention.linear_proj.weight", p + "self_attention.linear_qkv.weight"]
         names += [p + "self_attention.linear_qkv.bias"] if arch.qkv_bias else []
         names += [p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight"] * arch.qk_norm
-        names += [p + "pre_mlp_layernorm.weight", p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
+        names += [mlp_norm, p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
     names.append("decoder.final_layernorm.weight")
     if not arch.tie_word_embeddings:
         names.append("output_layer.weight")

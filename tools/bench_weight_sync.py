@@ -1,0 +1,158 @@
+"""Weight-sync throughput into the vLLM engine, and rollout throughput of the hf and vllm engines.
+
+    python tools/bench_weight_sync.py [--workdir /tmp/pcm-bench-sync] [--buckets 16 64 256 1024]
+                                      [--skip-large] [--repeats 3] [--out results.json]
+
+1. **Sync**: seconds and GB/s of ``VllmEngine.update_weights`` (learner-side pack, transport,
+   engine-side layerwise reload, manifest check, version handshake) for the shipped tiny policy
+   and for a random Qwen2.5-0.5B-shaped model (494M parameters, head_dim 64 so the CPU backend
+   takes it; fp32 on CPU, bf16 on GPU), at each bucket size. The tensors are already in host
+   (CPU) or device (GPU) memory, as the learner's gathered tensors are. Median of ``--repeats``.
+   On GPU the script also projects a 14B (bf16, 29.5 GB) colocated sync from the best GB/s.
+2. **Rollout**: generated tokens/s of the ``hf`` and ``vllm`` engines on the tiny recipe's
+   rollout (64 prompts x 8 samples, temperature 1, up to 8 new tokens), the two engines
+   interleaved ``--repeats`` times so machine noise hits both alike; the ratio is the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from pc_megatron.rollout.base import RolloutConfig, SamplingParams, VllmConfig, WeightSyncConfig
+
+QWEN05B = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+}
+GB_14B_BF16 = 14.77e9 * 2 / 1e9  # Qwen2.5-14B parameters x 2 bytes
+
+
+def random_qwen(folder: Path, dtype: torch.dtype) -> Path:
+    """A random Qwen2.5-0.5B-shaped HF folder (tied embeddings, like the real one)."""
+    if (folder / "model.safetensors").is_file():
+        return folder
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from pc_megatron.model.tiny import build_tokenizer
+
+    cfg = Qwen2Config(**QWEN05B, max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=1)
+    with torch.device("cpu"):
+        model = Qwen2ForCausalLM(cfg).to(dtype)
+    model.save_pretrained(folder)
+    build_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def bench_sync(model_dir: Path, buckets_mb: list[int], repeats: int, on_gpu: bool) -> list[dict]:
+    from pc_megatron.rollout.vllm_engine import VllmEngine
+    from pc_megatron.weight_sync.sharding import HFTensors
+
+    rows = []
+    hf = HFTensors(model_dir)
+    device = "cuda" if on_gpu else "cpu"
+    for mb in buckets_mb:
+        cfg = RolloutConfig(
+            backend="vllm",
+            vllm=VllmConfig(max_model_len=256, max_num_seqs=16, cpu_kv_cache_gb=0.25, gpu_memory_utilization=0.3),
+            weight_sync=WeightSyncConfig(bucket_mb=mb),
+        )
+        engine = VllmEngine(model_dir, cfg, learner_bf16=on_gpu)
+        tensors = {k: hf.read(k).to(device=device, dtype=engine.dtype) for k in hf.where}
+        times, stats = [], {}
+        for r in range(repeats + 1):  # the first sync warms the buffers up and is not counted
+            stats = engine.update_weights(tensors.items(), version=r + 1)
+            if r:
+                times.append(stats["weight_sync_s"])
+        engine.close()
+        del tensors
+        s = statistics.median(times)
+        rows.append(
+            {
+                "model": model_dir.name,
+                "bucket_mb": mb,
+                "bytes": int(stats["weight_sync_bytes"]),
+                "sync_s": s,
+                "gb_per_s": stats["weight_sync_bytes"] / s / 1e9,
+                "transport": engine.sender.kind,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def bench_rollout(repeats: int) -> dict:
+    from omegaconf import OmegaConf
+
+    from pc_megatron.config import load_config
+    from pc_megatron.data.task import prepare_task
+    from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.rollout import build_engine
+    from pc_megatron.warmstart import ensure_warm_start
+
+    cfg = load_config("tiny", ["progress=false"])
+    task = prepare_task(cfg)
+    policy = ensure_warm_start(cfg, task, progress=False)
+    tok = load_tokenizer(policy)
+    prompts = [tok(r.prompt, add_special_tokens=False)["input_ids"] for r in task.train[:64]]
+    params = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
+    engines = {}
+    for backend in ("hf", "vllm"):
+        rc = OmegaConf.to_object(cfg.rollout)
+        rc.backend = backend
+        rc.vllm.cpu_kv_cache_gb = 0.25
+        engines[backend] = build_engine(rc, policy)
+    rates: dict[str, list[float]] = {"hf": [], "vllm": []}
+    for r in range(repeats + 1):
+        for backend, engine in engines.items():
+            t0 = time.perf_counter()
+            out = engine.generate(prompts, 8, params, seed=r)
+            dt = time.perf_counter() - t0
+            if r:  # the first call warms up
+                rates[backend].append(sum(len(c.token_ids) for c in out) / dt)
+    for e in engines.values():
+        e.close()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    row = {"hf_tokens_per_s": med["hf"], "vllm_tokens_per_s": med["vllm"], "vllm_over_hf": med["vllm"] / med["hf"]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", default="/tmp/pcm-bench-sync")
+    ap.add_argument("--buckets", type=int, nargs="+", default=[16, 64, 256, 1024])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip-large", action="store_true", help="only the tiny policy")
+    ap.add_argument("--skip-rollout", action="store_true")
+    ap.add_argument("--out", help="write all rows as JSON here")
+    args = ap.parse_args()
+    on_gpu = torch.cuda.is_available()
+    from pc_megatron.warmstart import SHIPPED
+
+    tiny = next(p for p in sorted(SHIPPED.iterdir()) if (p / "model.safetensors").is_file())
+    result: dict = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "sync": []}
+    result["sync"] += bench_sync(tiny, args.buckets[:2], args.repeats, on_gpu)
+    if not args.skip_large:
+        big = random_qwen(Path(args.workdir) / "qwen2.5-0.5b-random", torch.bfloat16 if on_gpu else torch.float32)
+        result["sync"] += bench_sync(big, args.buckets, args.repeats, on_gpu)
+        best = max(r["gb_per_s"] for r in result["sync"] if r["model"] == big.name)
+        result["projected_14b_sync_s"] = GB_14B_BF16 / best
+        print(f"projected 14B bf16 sync at {best:.2f} GB/s: {result['projected_14b_sync_s']:.2f} s", flush=True)
+    if not args.skip_rollout:
+        result["rollout"] = bench_rollout(args.repeats)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
