@@ -23,7 +23,7 @@ def _quiet() -> None:
 def _train(args: argparse.Namespace) -> int:
     from pc_megatron.config import load_config
     from pc_megatron.errors import ConfigError
-    from pc_megatron.train import follow, train
+    from pc_megatron.train import train
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -37,9 +37,11 @@ def _train(args: argparse.Namespace) -> int:
     else:
         recipe, overrides = _recipe_and_overrides(args)
         cfg = load_config(recipe, overrides)
-    if int(os.environ.get("RANK", "0")) > 0:  # torchrun: a learner rank; rank 0 runs the loop
-        follow(cfg)
-        return 0
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            "pc-megatron train is not launched by torchrun: run it once, with runtime=ray, and Ray places "
+            "the learner ranks (learner.tensor_parallel_size / pipeline_parallel_size / data_parallel_size)"
+        )
     if not args.resume:
         name = cfg.name or f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.out_dir) / name

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from pc_megatron.config import load_config
-from pc_megatron.errors import ConfigError
 from pc_megatron.observability import eval_curve, plot_accuracy, read_metrics
 from pc_megatron.train import train
 
@@ -63,11 +61,6 @@ def ratio(num: float | None, den: float | None) -> float | None:
 def compare(
     recipe: str, overrides: list[str], out: Path, methods: tuple[str, ...] = METHODS, target: float | None = None
 ) -> dict:
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(
-            "pc-megatron compare runs its trainings one after another in one process; run it without "
-            "torchrun (or run each policy with torchrun ... pc_megatron.cli train scheduler.policy=NAME)"
-        )
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, list[dict]] = {}
     for i, method in enumerate(methods, start=1):

@@ -22,6 +22,7 @@ from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.tiny import TinyModelConfig
 from pc_megatron.rewards import RewardConfig
 from pc_megatron.rollout.base import RolloutConfig
+from pc_megatron.runtime.ray_runtime import RayConfig
 from pc_megatron.scheduler import SchedulerConfig
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -116,6 +117,9 @@ class RunConfig:
     """torch intra-op threads (1 is fastest for the tiny model on a shared 2-core machine)."""
     progress: bool = True
     """Show a progress bar."""
+    runtime: str = "local"
+    """'local' (one process, no Ray: the CPU default) or 'ray' (learner ranks and engine replicas
+    as Ray actors, one node or many; see `ray.*`)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -126,6 +130,7 @@ class RunConfig:
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
@@ -213,6 +218,9 @@ def validate(cfg: Any) -> None:
         validate_pool(cfg.data.synthetic.pool, list(cfg.data.synthetic.easy_pass_band))
     elif cfg.data.synthetic.pool != "hard":
         raise ConfigError("data.synthetic.pool selects a pool of the embedded task: unset it with data.train_path")
+    if cfg.runtime not in ("local", "ray"):
+        raise ConfigError(f"runtime: '{cfg.runtime}' is not one of local, ray")
+    OmegaConf.to_object(cfg.ray).validate()
     OmegaConf.to_object(cfg.learner).validate()
     OmegaConf.to_object(cfg.rollout).validate()
     sched = OmegaConf.to_object(cfg.scheduler)

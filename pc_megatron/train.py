@@ -21,7 +21,6 @@ import dataclasses
 import functools
 import itertools
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -33,16 +32,13 @@ from tqdm import tqdm
 from pc_megatron.algo.advantages import group_advantages
 from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
 from pc_megatron.data.task import prepare_task
-from pc_megatron.errors import ConfigError
 from pc_megatron.evaluate import evaluate
-from pc_megatron.learner.controller import make_learner, serve, stop_serving
-from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.tiny import load_tokenizer
 from pc_megatron.observability import MetricsLog, eval_curve, format_table, plot_accuracy, read_metrics
 from pc_megatron.pools import select_pool
 from pc_megatron.rewards import build_reward, score_all
-from pc_megatron.rollout import build_engine
 from pc_megatron.rollout.batch import completions_to_batch, group_stats, logprob_mismatch
+from pc_megatron.runtime import build_runtime
 from pc_megatron.scheduler import GenRequest, Group, Sample, Scheduler
 from pc_megatron.warmstart import ensure_warm_start
 
@@ -60,27 +56,8 @@ def timed(times: dict[str, float], phase: str):
     times[key] = times.get(key, 0.0) + time.perf_counter() - t0
 
 
-def follow(cfg: Any) -> None:
-    """A learner rank other than 0 under torchrun: hold this rank's part of the learner and
-    repeat rank 0's learner calls until the run ends (pc_megatron/learner/controller.py)."""
-    torch.set_num_threads(cfg.threads)
-    init_parallel(cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size)
-    serve()
-
-
 def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
-    """The RL run. Under torchrun this is rank 0 (the controller); the other ranks run ``follow``."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        if int(os.environ.get("RANK", "0")) != 0:
-            raise ConfigError("train() runs on rank 0 under torchrun; the other ranks run follow(cfg)")
-        init_parallel(cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size)
-    summary = _train(cfg, run_dir, resume)
-    # on an error the other ranks are not told: the launcher ends them when this rank exits
-    stop_serving()
-    return summary
-
-
-def _train(cfg: Any, run_dir: Path, resume: bool) -> dict:
+    """The RL run, driven from this process; ``runtime`` places the learner and the engines."""
     t_start = time.time()
     torch.set_num_threads(cfg.threads)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -91,17 +68,13 @@ def _train(cfg: Any, run_dir: Path, resume: bool) -> dict:
     task = select_pool(cfg, task, policy_dir, progress=cfg.progress)
     tokenizer = load_tokenizer(policy_dir)
     reward = build_reward(cfg.reward)
-    learner = make_learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed)
-    engine = build_engine(OmegaConf.to_object(cfg.rollout), policy_dir, learner_bf16=cfg.learner.bf16)
+    runtime = build_runtime(cfg, policy_dir, run_dir)
+    learner, ref_learner, engine = runtime.learner, runtime.ref_learner, runtime.fleet
     try:
         B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
         scheduler = Scheduler(OmegaConf.to_object(cfg.scheduler), len(task.train), B, n, seed=cfg.seed)
         sampling = OmegaConf.to_object(cfg.rollout).sampling()
         loss_cfg = OmegaConf.to_object(cfg.algo.loss)
-        ref_logp_needed = loss_cfg.kl_coef > 0
-        ref_learner = (
-            make_learner(policy_dir, OmegaConf.to_object(cfg.learner), seed=cfg.seed) if ref_logp_needed else None
-        )
 
         loop = {"step": 0, "cum_generated_tokens": 0, "last_eval_accuracy": float("nan"), "wall_s": 0.0}
         found = load_latest(run_dir / "checkpoints") if resume else None
@@ -114,7 +87,7 @@ def _train(cfg: Any, run_dir: Path, resume: bool) -> dict:
         wall_at_start = loop["wall_s"]
         # Rows past the checkpoint (or all rows, without one) are redone, so they are dropped first.
         metrics = MetricsLog(run_dir, resume_step=loop["step"] if state is not None else -1)
-        engine.update_weights(learner.hf_named_tensors(), learner.version)
+        runtime.sync_weights()
         learner.offload()
 
         def run_eval(step: int) -> dict:
@@ -187,7 +160,7 @@ def _train(cfg: Any, run_dir: Path, resume: bool) -> dict:
                 adv = group_advantages(rewards, group_ids, loss_cfg.normalize_adv_by_std)
                 stats = learner.train_rl(batch, old_logp, adv, loss_cfg, sampling.temperature, ref_logp, is_weight)
             with timed(times, "sync"):
-                sync = engine.update_weights(learner.hf_named_tensors(), learner.version)
+                sync = runtime.sync_weights()
                 learner.offload()
             n_tokens = int(batch.loss_mask.sum())
             return {
@@ -266,7 +239,7 @@ def _train(cfg: Any, run_dir: Path, resume: bool) -> dict:
         metrics.close()
         return finish(cfg, run_dir, loop, wall_at_start + time.time() - t_start)
     finally:
-        engine.close()
+        runtime.close()
 
 
 def finish(cfg: Any, run_dir: Path, loop: dict, wall_s: float) -> dict:

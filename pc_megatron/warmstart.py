@@ -19,8 +19,7 @@ from pc_megatron.data.sampler import PromptSampler
 from pc_megatron.data.synthetic import split_fields
 from pc_megatron.data.task import Task, cache_root, config_hash
 from pc_megatron.errors import ConfigError
-from pc_megatron.learner import TokenBatch
-from pc_megatron.learner.controller import make_learner
+from pc_megatron.learner import Learner, TokenBatch
 from pc_megatron.model.arch import load_arch
 from pc_megatron.model.tiny import create_tiny_model, load_tokenizer
 
@@ -83,15 +82,21 @@ def ensure_warm_start(cfg: Any, task: Task, progress: bool = True) -> Path:
         raise ConfigError("warmstart.enabled needs SFT rows: set warmstart.data_path or disable the warm-start")
     base = base_model_dir(cfg)
     ws = cfg.warmstart
+    # the SFT warm-start runs in this process at TP=PP=DP=1 (the model is the embedded one or
+    # small enough to fine-tune on one device; large models start RL from model.path as is)
     learner_cfg = replace(
         OmegaConf.to_object(cfg.learner),
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        data_parallel_size=1,
+        distributed_optimizer=False,
         lr=ws.lr,
         min_lr=ws.lr * 0.1,
         lr_warmup_steps=min(20, ws.steps // 10),
         lr_decay_style="cosine",
         lr_decay_steps=ws.steps,
     )
-    learner = make_learner(base, learner_cfg, seed=0)
+    learner = Learner(base, learner_cfg, seed=0)
     tokenizer = load_tokenizer(base)
     sampler = PromptSampler(len(task.sft), seed=0)
     t0, losses = time.time(), []

@@ -28,6 +28,17 @@ def test_same_seed_same_samples_other_seed_other_samples(engine):
     assert [x.prompt_index for x in a] == [0] * 4 + [1] * 4 + [2] * 4
 
 
+def test_a_sample_depends_on_its_seed_and_place_not_on_its_batch(engine):
+    """Sample j of prompt i is drawn with sample_seed(seed, first_prompt + i, j): a slice of the
+    request list generated alone (as a fleet replica would) gives the same completions."""
+    p = SamplingParams(temperature=1.0, max_new_tokens=6)
+    whole = engine.generate(PROMPTS, [3, 2, 4], p, seed=7)
+    tail = engine.generate(PROMPTS[1:], [2, 4], p, seed=7, first_prompt=1)
+    assert [c.token_ids for c in tail] == [c.token_ids for c in whole[3:]]
+    for a, b in zip(tail, whole[3:], strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
 def test_batched_generation_equals_one_prompt_at_a_time(engine):
     """Left padding and position ids are right: a prompt's greedy output does not depend on
     the other prompts in the batch."""

@@ -13,10 +13,12 @@ class LearnerConfig:
 
     tensor_parallel_size: int = 1
     """Tensor-parallel degree: must divide the model's heads, kv heads, FFN size and vocabulary.
-    The learner's ranks come from the launcher (torchrun: WORLD_SIZE, RANK)."""
+    The learner's ranks are Ray actors (runtime=ray) or, in tests, torchrun processes."""
     pipeline_parallel_size: int = 1
-    """Pipeline-parallel degree: must divide the number of layers (equal stages). The
-    data-parallel degree is what remains: WORLD_SIZE / (tensor x pipeline)."""
+    """Pipeline-parallel degree: must divide the number of layers (equal stages)."""
+    data_parallel_size: int = 1
+    """Data-parallel replicas of the (TP x PP) model; the learner has TP x PP x DP ranks
+    (runtime=ray places them; runtime=local is one rank)."""
     distributed_optimizer: bool = False
     """Shard optimizer state (fp32 master weights, Adam moments) over data-parallel ranks
     (Megatron's distributed optimizer)."""
@@ -63,7 +65,13 @@ class LearnerConfig:
     engine generates, back before the next update (frees room for the engine's KV cache). No
     effect on CPU, where there is no device memory to free."""
 
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
     def validate(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ConfigError("learner.data_parallel_size must be >= 1")
         if self.tensor_parallel_size < 1:
             raise ConfigError("learner.tensor_parallel_size must be >= 1")
         if self.pipeline_parallel_size < 1:

@@ -166,6 +166,8 @@ class Learner:
         pp, me = self.parallel.pipeline_parallel_size, self._pp_rank()
         table = megatron_param_names(self.arch, self.transformer_impl)
         expected = {n for n in table if pipeline_stage(n, self.arch, pp) == me}
+        if self.arch.tie_word_embeddings and pp > 1 and me == pp - 1:
+            expected.add("output_layer.weight")  # Megatron's copy of the tied embedding on the last stage
         have = set(self._global.values())
         if have != expected:
             odd = sorted(have ^ expected)[0]

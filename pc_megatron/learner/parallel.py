@@ -46,7 +46,7 @@ def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
             raise ConfigError(
                 f"learner.tensor_parallel_size={tensor_parallel_size} x pipeline_parallel_size="
                 f"{pipeline_parallel_size} needs a multiple of {model_parallel} processes, this run has "
-                f"{dist.get_world_size()}: launch with torchrun --nproc-per-node {model_parallel}"
+                f"{dist.get_world_size()}: set learner.data_parallel_size so that TP x PP x DP ranks are placed"
             )
         ps.initialize_model_parallel(tensor_parallel_size, pipeline_parallel_size)
     elif (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (

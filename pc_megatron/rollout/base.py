@@ -35,15 +35,28 @@ class Completion:
     """The weight version the engine actually served when it sampled this sequence."""
 
 
+def sample_seed(seed: int, prompt: int, sample: int) -> int:
+    """The seed of sample ``sample`` of prompt ``prompt`` in a call seeded ``seed``: completions
+    depend on their place in the request list, not on batching or on how a fleet splits it."""
+    return (seed * 1_000_003 + prompt * 8_191 + sample) % (2**31 - 1)
+
+
 class RolloutEngine(Protocol):
     weight_version: int
     """The weight version the engine serves (0 = the weights it was started from)."""
 
     def generate(
-        self, prompts: list[list[int]], n: int | list[int], params: SamplingParams, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int | list[int],
+        params: SamplingParams,
+        seed: int,
+        first_prompt: int = 0,
     ) -> list[Completion]:
         """``n`` completions per prompt (or ``n[i]`` for prompt i: a pilot and a commit share
-        one call), prompt-major. A pure function of (weights, prompts, n, params, seed)."""
+        one call), prompt-major. Sample j of prompt i is drawn with ``sample_seed(seed,
+        first_prompt + i, j)`` (``first_prompt``: where this list starts in a fleet's request
+        list), so a completion is a function of (weights, its prompt, params, seed, place)."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
@@ -99,13 +112,16 @@ class WeightSyncConfig:
     bucket_mb: int = 512
     """Bucket size: tensors are packed into one buffer of this size per transfer."""
     transport: str = "auto"
-    """'auto' (cuda_ipc when the engine is on the learner's GPU, else shm), 'cuda_ipc', 'shm'."""
+    """'auto' (cuda_ipc on GPU and shm on CPU for engines on the learner's node, bytes through
+    Ray's object store for other nodes), 'cuda_ipc', 'shm', 'bytes'."""
 
     def validate(self) -> None:
         if self.bucket_mb < 1:
             raise ConfigError("rollout.weight_sync.bucket_mb must be >= 1")
-        if self.transport not in ("auto", "cuda_ipc", "shm"):
-            raise ConfigError(f"rollout.weight_sync.transport: '{self.transport}' is not one of auto, cuda_ipc, shm")
+        if self.transport not in ("auto", "cuda_ipc", "shm", "bytes"):
+            raise ConfigError(
+                f"rollout.weight_sync.transport: '{self.transport}' is not one of auto, cuda_ipc, shm, bytes"
+            )
 
 
 @dataclass
@@ -125,6 +141,10 @@ class RolloutConfig:
     """Sequences per forward batch of the hf engine."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra stop tokens besides EOS."""
+    replicas: int = 1
+    """Engine replicas (runtime=ray); a request list is split across them by samples."""
+    timeout_s: float = 1800.0
+    """Deadline of one engine call under runtime=ray (a hung engine fails the step with a clear error)."""
     vllm: VllmConfig = field(default_factory=VllmConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
@@ -137,6 +157,8 @@ class RolloutConfig:
             raise ConfigError("rollout.top_p must be in (0, 1]")
         if self.max_new_tokens < 1:
             raise ConfigError("rollout.max_new_tokens must be >= 1")
+        if self.replicas < 1 or self.timeout_s <= 0:
+            raise ConfigError("rollout.replicas must be >= 1 and rollout.timeout_s > 0")
         v = self.vllm
         if v.tensor_parallel_size < 1 or v.max_num_seqs < 1 or v.max_model_len < 0:
             raise ConfigError("rollout.vllm: tensor_parallel_size and max_num_seqs must be >= 1, max_model_len >= 0")

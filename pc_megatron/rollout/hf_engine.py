@@ -3,15 +3,15 @@ training process (the CPU default and the tests' reference for the vLLM engine).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 from pc_megatron.errors import ModelFileError
-from pc_megatron.rollout.base import Completion, SamplingParams
+from pc_megatron.rollout.base import Completion, SamplingParams, sample_seed
 from pc_megatron.weight_sync.manifest import Manifest
+from pc_megatron.weight_sync.transport import BucketReceiver, LocalSender, push_weights
 
 
 class HFEngine:
@@ -33,20 +33,32 @@ class HFEngine:
         self.weight_version = 0
         # lm_head is tied to embed_tokens in tied models: named_parameters lists it once
         self.manifest = Manifest({n: (tuple(p.shape), p.dtype) for n, p in self.model.named_parameters()})
+        self.sender = LocalSender(bucket_bytes=512 << 20)
+        self._receiver = BucketReceiver(self.device)
+        self._staged: dict[str, torch.Tensor] = {}
 
-    @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
         """Staged: every tensor is checked and copied aside before any weight changes, so a bad
-        stream leaves the engine on its previous weights."""
-        t0 = time.perf_counter()
-        staged = [(n, t.to(self.device, copy=True)) for n, t in self.manifest.checked(named_tensors)]
-        params = dict(self.model.named_parameters())
-        for name, tensor in staged:
-            params[name].copy_(tensor)
-        self.weight_version = version
-        dt = time.perf_counter() - t0
-        nbytes = float(sum(t.numel() * t.element_size() for _, t in staged))
-        return {"weight_sync_s": dt, "weight_sync_bytes": nbytes, "weight_sync_gbps": nbytes / dt / 1e9}
+        stream leaves the engine serving its previous weights."""
+        return push_weights(named_tensors, self.manifest, self.sender, [self], version)
+
+    def begin_sync(self) -> None:
+        self._staged: dict[str, torch.Tensor] = {}
+
+    def load_bucket(self, handle: dict) -> int:
+        tensors = self._receiver.open(handle)
+        self._staged.update(tensors)
+        return len(tensors)
+
+    @torch.no_grad()
+    def end_sync(self, version: int, sent: int) -> int | None:
+        staged, self._staged = self._staged, {}
+        if version >= 0 and len(staged) == sent:
+            params = dict(self.model.named_parameters())
+            for name, tensor in staged.items():
+                params[name].copy_(tensor)
+            self.weight_version = version
+        return self.weight_version
 
     def sleep(self) -> None:
         """Nothing to release: the model lives in the training process."""
@@ -65,18 +77,27 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], n: int | list[int], params: SamplingParams, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int | list[int],
+        params: SamplingParams,
+        seed: int,
+        first_prompt: int = 0,
     ) -> list[Completion]:
         counts = [n] * len(prompts) if isinstance(n, int) else n
-        rows = [(i, p) for i, (p, k) in enumerate(zip(prompts, counts, strict=True)) for _ in range(k)]
-        gen = torch.Generator(device=self.device).manual_seed(seed)
+        rows = [(i, p, j) for i, (p, k) in enumerate(zip(prompts, counts, strict=True)) for j in range(k)]
         out: list[Completion] = []
         for start in range(0, len(rows), self.max_batch_size):
-            out.extend(self._generate_batch(rows[start : start + self.max_batch_size], params, gen))
+            chunk = rows[start : start + self.max_batch_size]
+            gens = [
+                torch.Generator(device=self.device).manual_seed(sample_seed(seed, first_prompt + i, j))
+                for i, _, j in chunk
+            ]
+            out.extend(self._generate_batch([(i, p) for i, p, _ in chunk], params, gens))
         return out
 
     def _generate_batch(
-        self, rows: list[tuple[int, list[int]]], params: SamplingParams, gen: torch.Generator
+        self, rows: list[tuple[int, list[int]]], params: SamplingParams, gens: list[torch.Generator]
     ) -> list[Completion]:
         b = len(rows)
         width = max(len(p) for _, p in rows)
@@ -94,7 +115,7 @@ class HFEngine:
         tokens, logps = [], []
         for _ in range(params.max_new_tokens):
             logits = out.logits[:, -1, :].float()
-            tok, logp = self._sample(logits, params, gen)
+            tok, logp = self._sample(logits, params, gens)
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
             tokens.append(tok)
             logps.append(logp)
@@ -128,16 +149,20 @@ class HFEngine:
         return completions
 
     @staticmethod
-    def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator):
+    def _sample(logits: torch.Tensor, params: SamplingParams, gens: list[torch.Generator]):
+        """Greedy, or one draw per row from softmax(logits / T) (top-p truncated) by the Gumbel-max
+        trick with each row's own generator: a sample depends on its seed, not on its batch."""
         if params.temperature == 0:
             tok = logits.argmax(-1)
             return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
         logp_full = torch.log_softmax(logits / params.temperature, -1)
-        probs = logp_full.exp()
+        logp = logp_full
         if params.top_p < 1.0:
-            sorted_p, order = probs.sort(-1, descending=True)
+            sorted_p, order = logp_full.exp().sort(-1, descending=True)
             keep = sorted_p.cumsum(-1) - sorted_p < params.top_p  # always keeps the top token
-            sorted_p = sorted_p * keep
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+            mask = torch.zeros_like(keep).scatter(-1, order, keep)
+            logp = logp_full.masked_fill(~mask, float("-inf"))
+        u = torch.stack([torch.rand(logits.shape[-1], generator=g, device=logits.device) for g in gens])
+        gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)))
+        tok = (logp + gumbel).argmax(-1)
         return tok, logp_full.gather(-1, tok[:, None]).squeeze(-1)

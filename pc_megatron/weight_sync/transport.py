@@ -9,8 +9,11 @@ layerwise reload holds on to a tensor until every weight of its layer has arrive
 
 Transports:
 
+- ``local`` (engine in the sender's process, the hf engine): the handle carries the tensors.
 - ``shm`` (CPU): a POSIX shared-memory file under ``/dev/shm``, memory to memory.
-- ``cuda_ipc`` (GPU, engine on the same device): one CUDA buffer shared by a CUDA IPC handle,
+- ``bytes`` (engine on another node): the handle carries the packed bucket as bytes (Ray moves
+  it through its object store).
+- ``cuda_ipc`` (GPU, engine on the same node): one CUDA buffer shared by a CUDA IPC handle,
   device to device, no host copy.
 
 Nothing here imports vLLM: the engine side (``rollout/vllm_worker.py``) calls ``open_bucket``.
@@ -20,12 +23,16 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
+
+from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
 
 SHM_DIR = Path("/dev/shm")
 
@@ -156,9 +163,50 @@ class CudaIpcSender:
         self.handle = b""
 
 
-def make_sender(kind: str, bucket_bytes: int) -> SharedMemorySender | CudaIpcSender:
+class LocalSender:
+    """The engine lives in this process: the handle is the bucket itself (the receiver copies)."""
+
+    kind = "local"
+
+    def __init__(self, bucket_bytes: int) -> None:
+        self.bucket_bytes = bucket_bytes
+
+    def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
+        return {"kind": self.kind, "tensors": tensors}
+
+    def close(self) -> None:
+        pass
+
+
+class BytesSender:
+    """The bucket as one bytes object inside the handle: for engines on other nodes (the RPC
+    layer, Ray's object store, carries it)."""
+
+    kind = "bytes"
+
+    def __init__(self, bucket_bytes: int) -> None:
+        self.bucket_bytes = bucket_bytes
+
+    def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
+        metas, nbytes = _layout(tensors)
+        buffer = torch.zeros(nbytes, dtype=torch.uint8)
+        _pack(buffer, [(n, t.detach().cpu()) for n, t in tensors], metas)
+        return {"kind": self.kind, "data": buffer.numpy().tobytes(), "metas": _plain(metas)}
+
+    def close(self) -> None:
+        pass
+
+
+Sender = LocalSender | SharedMemorySender | CudaIpcSender | BytesSender
+
+
+def make_sender(kind: str, bucket_bytes: int) -> Sender:
+    if kind == "local":
+        return LocalSender(bucket_bytes)
     if kind == "shm":
         return SharedMemorySender(bucket_bytes)
+    if kind == "bytes":
+        return BytesSender(bucket_bytes)
     if kind == "cuda_ipc":
         return CudaIpcSender(bucket_bytes)
     raise ValueError(f"unknown weight-sync transport '{kind}'")
@@ -175,6 +223,12 @@ class BucketReceiver:
 
     def open(self, handle: dict) -> list[tuple[str, torch.Tensor]]:
         kind = handle["kind"]
+        if kind == "local":
+            return [(n, t.to(self.device, copy=True)) for n, t in handle["tensors"]]
+        if kind == "bytes":
+            metas = [TensorMeta(n, d, tuple(s), o, b) for n, d, s, o, b in handle["metas"]]
+            buffer = torch.frombuffer(bytearray(handle["data"]), dtype=torch.uint8)
+            return [(n, t.to(self.device)) for n, t in _unpack(buffer, metas)]
         if kind == "shm":
             key = handle["path"]
             if key != self._key:
@@ -194,3 +248,49 @@ class BucketReceiver:
 
     def close(self) -> None:
         self._key, self._buffer = None, None
+
+
+class SyncTarget(Protocol):
+    """An engine (or an engine replica's proxy) that takes a sync in three calls."""
+
+    def begin_sync(self) -> None: ...
+
+    def load_bucket(self, handle: dict) -> int:
+        """Load one bucket; returns how many tensors it took."""
+        ...
+
+    def end_sync(self, version: int, sent: int) -> int | None:
+        """Close the sync: serve ``version`` if all ``sent`` tensors arrived and ``version >= 0``
+        (-1 = the sender failed part-way). Returns the version now served, or None when the
+        engine holds no complete model."""
+        ...
+
+
+def push_weights(
+    named: Iterable[tuple[str, torch.Tensor]],
+    manifest: Manifest,
+    sender: Sender,
+    targets: list[SyncTarget],
+    version: int,
+) -> dict[str, float]:
+    """Stream ``named`` into every target as ``version``: each tensor checked against the
+    manifest, packed once per bucket, loaded by every target. Any failure closes the sync on
+    every target with version -1 and raises; otherwise every target must report ``version``."""
+    t0 = time.perf_counter()
+    for target in targets:
+        target.begin_sync()
+    sent, nbytes, ok = 0, 0, False
+    try:
+        for bucket in buckets(manifest.checked(named), sender.bucket_bytes):
+            handle = sender.pack(bucket)
+            for target in targets:
+                target.load_bucket(handle)
+            sent += len(bucket)
+            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+        ok = True
+    finally:
+        served = [target.end_sync(version if ok else -1, sent) for target in targets]
+    if any(v != version for v in served):
+        raise WeightSyncError(f"engine did not take weight version {version} (it reports {served})")
+    dt = time.perf_counter() - t0
+    return {"weight_sync_s": dt, "weight_sync_bytes": float(nbytes), "weight_sync_gbps": nbytes / dt / 1e9}

@@ -1,0 +1,32 @@
+"""``runtime=local``: the learner and one engine in this process (the engine's own workers aside)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from pc_megatron.errors import ConfigError
+from pc_megatron.learner import Learner
+from pc_megatron.rollout import build_engine
+
+
+class LocalRuntime:
+    def __init__(self, cfg: Any, policy_dir: Path) -> None:
+        lc = OmegaConf.to_object(cfg.learner)
+        if lc.world_size > 1:
+            raise ConfigError(
+                f"learner TP x PP x DP = {lc.world_size} ranks need runtime=ray (runtime=local is one process)"
+            )
+        if cfg.rollout.replicas > 1:
+            raise ConfigError("rollout.replicas > 1 needs runtime=ray (runtime=local runs one engine)")
+        self.learner = Learner(policy_dir, lc, seed=cfg.seed)
+        self.ref_learner = Learner(policy_dir, lc, seed=cfg.seed) if cfg.algo.loss.kl_coef > 0 else None
+        self.fleet = build_engine(OmegaConf.to_object(cfg.rollout), policy_dir, learner_bf16=lc.bf16)
+
+    def sync_weights(self) -> dict[str, float]:
+        return self.fleet.update_weights(self.learner.hf_named_tensors(), self.learner.version)
+
+    def close(self) -> None:
+        self.fleet.close()

@@ -1,0 +1,496 @@
+"""``runtime=ray``: learner ranks and engine replicas as Ray actors.
+
+Placement: per node one placement group of ``ray.bundles_per_node`` bundles (``{GPU: 1, CPU: c}``
+on GPU clusters, ``{CPU: c}`` on CPU-only ones), strictly packed, ordered by node address and
+bundle index. ``colocated`` (default): learner rank i and engine replica i share bundle i, each
+with half of it (fractional GPU); ``split``: engines get bundles of their own after the learner's.
+
+Learner group: the ranks form one torch.distributed world (gloo on CPU, NCCL on GPU; rank 0's
+node address and a free port as the rendezvous). A call fans out to every rank and returns rank
+0's result (every rank returns the same one). Weight sync: every rank walks the export in
+lockstep (gathers and broadcasts are collective); rank 0 packs the buckets and loads them into
+every replica (``weight_sync.transport.push_weights``): shared memory or CUDA IPC when all
+replicas are on its node, else through Ray's object store.
+
+Fleet: a request list is split into contiguous slices balanced by samples, one per replica; each
+replica samples with the request list's global prompt indices (``first_prompt``), so K replicas
+return what one would, in request order.
+
+Faults: every remote call has a deadline (``ray.call_timeout_s``; engine calls
+``rollout.timeout_s``); a dead actor or a missed deadline is one ``TrainingError`` naming the
+role, rank and node. The driver then exits; the last checkpoint is intact and ``--resume``
+continues from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from pc_megatron.errors import ConfigError, TrainingError, UserError
+from pc_megatron.rollout.base import Completion, SamplingParams
+
+
+@dataclass
+class RayConfig:
+    """Ray placement (runtime=ray)."""
+
+    address: str = ""
+    """'' = start a Ray instance for this run (one machine); 'auto' or HOST:PORT = join the
+    cluster started with `ray start --head` / `ray start --address=...`."""
+    placement: str = "colocated"
+    """'colocated': learner rank i and engine replica i share bundle i (fractional GPU);
+    'split': engines get bundles (GPUs) of their own."""
+    bundles_per_node: int = 0
+    """Bundles per placement group (one group per node); 0 = the node's GPU count on GPU
+    clusters, all bundles in one group on CPU-only ones."""
+    cpus_per_bundle: float = 1.0
+    """CPUs in each bundle."""
+    num_cpus: int = 0
+    """A Ray instance started for this run: CPUs it may schedule (0 = enough for the bundles)."""
+    object_store_mb: int = 1024
+    """A Ray instance started for this run: object-store size (it falls back to /tmp when
+    /dev/shm is small)."""
+    temp_dir: str = ""
+    """Ray's session and log folder; '' = <run dir>/ray (or a short link to it: Ray's socket
+    paths must stay under 107 characters)."""
+    call_timeout_s: float = 3600.0
+    """Deadline of one learner call (a step's log-probs or update, a checkpoint)."""
+
+    def validate(self) -> None:
+        if self.placement not in ("colocated", "split"):
+            raise ConfigError(f"ray.placement: '{self.placement}' is not one of colocated, split")
+        if self.bundles_per_node < 0 or self.cpus_per_bundle <= 0 or self.call_timeout_s <= 0:
+            raise ConfigError("ray.bundles_per_node must be >= 0, ray.cpus_per_bundle and ray.call_timeout_s > 0")
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError(
+            f"runtime=ray needs Ray ({e}): pip install 'ray[default]' (the gpu and test extras have it)"
+        ) from None
+    return ray
+
+
+def _temp_dir(rcfg: RayConfig, run_dir: Path) -> str:
+    want = Path(rcfg.temp_dir) if rcfg.temp_dir else run_dir.resolve() / "ray"
+    if len(str(want)) <= 60:
+        want.mkdir(parents=True, exist_ok=True)
+        return str(want)
+    short = Path("/tmp") / f"pcm-ray-{hashlib.sha1(str(want).encode()).hexdigest()[:10]}"
+    short.mkdir(parents=True, exist_ok=True)
+    if not want.exists():
+        want.parent.mkdir(parents=True, exist_ok=True)
+        want.symlink_to(short, target_is_directory=True)
+    return str(short)
+
+
+def start_ray(rcfg: RayConfig, run_dir: Path, cpus_needed: float) -> None:
+    """Join or start Ray with the environment the project needs (token auth off for a local
+    instance, the temp folder in the run directory, actors' thread counts pinned)."""
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.59+ turns token auth on for local clusters
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"],
+        **{k: v for k, v in os.environ.items() if k.startswith(("PC_MEGATRON_", "HF_", "VLLM_", "TRITON_"))},
+    }
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True, "include_dashboard": False}
+    if rcfg.address:
+        ray.init(address=rcfg.address, **kwargs)
+    else:
+        import math
+
+        ray.init(
+            num_cpus=rcfg.num_cpus or math.ceil(cpus_needed),
+            object_store_memory=rcfg.object_store_mb << 20,
+            _temp_dir=_temp_dir(rcfg, run_dir),
+            **kwargs,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+# ---------------------------------------------------------------------------------- actors
+class LearnerWorker:
+    """One learner rank (a Ray actor)."""
+
+    def __init__(self, rank: int, world: int, threads: int) -> None:
+        import torch
+
+        self.rank, self.world = rank, world
+        torch.set_num_threads(threads)
+        self.learner = None
+
+    def address(self) -> tuple[str, int]:
+        return _node_ip(), _free_port()
+
+    def node(self) -> str:
+        return _node_ip()
+
+    def setup(self, master: tuple[str, int], model_dir: str, cfg: Any, seed: int) -> int:
+        os.environ.update(
+            MASTER_ADDR=master[0],
+            MASTER_PORT=str(master[1]),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world),
+            LOCAL_RANK="0",  # Ray shows each actor only its own GPU
+        )
+        from pc_megatron.learner import Learner
+
+        self.learner = Learner(model_dir, cfg, seed)
+        return self.learner.version
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        out = getattr(self.learner, method)(*args, **kwargs)
+        return out if self.rank == 0 else None
+
+    def version(self) -> int:
+        return self.learner.version
+
+    def push_weights(self, engines: list, manifest: Any, transport: str, bucket_bytes: int, timeout_s: float) -> Any:
+        """Every rank walks the export (collectives); rank 0 streams it into the engines."""
+        named = self.learner.hf_named_tensors()
+        if self.rank != 0:
+            for _ in named:
+                pass
+            return None
+        from pc_megatron.weight_sync.transport import make_sender, push_weights
+
+        sender = make_sender(transport, bucket_bytes)
+        try:
+            targets = [_RemoteEngine(e, i, timeout_s) for i, e in enumerate(engines)]
+            return push_weights(named, manifest, sender, targets, self.learner.version)
+        finally:
+            sender.close()
+
+
+class EngineWorker:
+    """One engine replica (a Ray actor) holding an hf or vllm engine."""
+
+    def __init__(self, rollout_cfg: Any, model_dir: str, learner_bf16: bool, threads: int) -> None:
+        import torch
+
+        from pc_megatron.rollout import build_engine
+
+        torch.set_num_threads(threads)
+        self.engine = build_engine(rollout_cfg, model_dir, learner_bf16=learner_bf16)
+
+    def node(self) -> str:
+        return _node_ip()
+
+    def manifest(self) -> Any:
+        return self.engine.manifest
+
+    def generate(self, *args: Any, **kwargs: Any) -> list[Completion]:
+        return self.engine.generate(*args, **kwargs)
+
+    def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
+        return self.engine.prompt_logprobs(prompts)
+
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def begin_sync(self) -> None:
+        self.engine.begin_sync()
+
+    def load_bucket(self, handle: dict) -> int:
+        return self.engine.load_bucket(handle)
+
+    def end_sync(self, version: int, sent: int) -> int | None:
+        return self.engine.end_sync(version, sent)
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _RemoteEngine:
+    """A replica as a ``SyncTarget`` for rank 0's ``push_weights``."""
+
+    def __init__(self, handle: Any, index: int, timeout_s: float) -> None:
+        self.handle, self.index, self.timeout_s = handle, index, timeout_s
+
+    def _get(self, ref: Any) -> Any:
+        return _get([ref], [f"engine replica {self.index}"], self.timeout_s)[0]
+
+    def begin_sync(self) -> None:
+        self._get(self.handle.begin_sync.remote())
+
+    def load_bucket(self, handle: dict) -> int:
+        return self._get(self.handle.load_bucket.remote(handle))
+
+    def end_sync(self, version: int, sent: int) -> int | None:
+        return self._get(self.handle.end_sync.remote(version, sent))
+
+
+def _get(refs: list, names: list[str], timeout_s: float) -> list:
+    """``ray.get`` with a deadline; a dead actor or a missed deadline is one clear error."""
+    import ray
+
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        pending = [n for r, n in zip(refs, names, strict=True) if not ray.wait([r], timeout=0)[0]]
+        raise TrainingError(
+            f"{', '.join(pending or names)} did not answer within {timeout_s:g} s (a hung call); the last "
+            "checkpoint is intact: fix the cause and continue with `pc-megatron train --resume RUN_DIR`"
+        ) from None
+    except ray.exceptions.RayError as e:
+        cause = e
+        while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
+            cause = cause.cause
+        if isinstance(cause, UserError):
+            raise cause from None
+        detail = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__
+        who = names[0] if len(names) == 1 else "/".join(names)
+        if isinstance(cause, ray.exceptions.RayActorError):
+            raise TrainingError(
+                f"{who}: a Ray actor died ({detail}); the last checkpoint is intact: continue with "
+                "`pc-megatron train --resume RUN_DIR` once the node is healthy"
+            ) from None
+        raise TrainingError(f"{who} failed: {type(cause).__name__}: {detail}") from None
+
+
+# ---------------------------------------------------------------------------------- placement
+@dataclass
+class Bundle:
+    group: Any  # the placement group
+    index: int
+    node: str
+
+
+def place_bundles(rcfg: RayConfig, count: int, timeout_s: float = 120.0) -> list[Bundle]:
+    """``count`` bundles in per-node placement groups (strict pack), ordered by (node, index)."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    bundle = {"CPU": rcfg.cpus_per_bundle, **({"GPU": 1} if gpus else {})}
+    per_node = rcfg.bundles_per_node
+    if not per_node:
+        per_node = max(int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]) if gpus else count
+    sizes = [min(per_node, count - start) for start in range(0, count, per_node)]
+    groups = [placement_group([bundle] * n, strategy="STRICT_PACK") for n in sizes]
+    ready = [g.ready() for g in groups]
+    done, _ = ray.wait(ready, num_returns=len(ready), timeout=timeout_s)
+    if len(done) < len(ready):
+        for g in groups:
+            ray.util.remove_placement_group(g)
+        raise ConfigError(
+            f"Ray cannot place {count} bundles of {bundle} in groups of {per_node} per node within {timeout_s:g} s; "
+            f"the cluster has {ray.cluster_resources()}: add nodes or lower the learner/engine counts"
+        )
+    nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    out = []
+    for g in groups:
+        table = placement_group_table(g)
+        for i in range(len(table["bundles"])):
+            out.append(Bundle(g, i, nodes.get(table["bundles_to_node_id"][i], "?")))
+    return sorted(out, key=lambda b: (b.node, id(b.group), b.index))
+
+
+def _on(bundle: Bundle, cpus: float, gpus: float) -> dict:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(bundle.group, placement_group_bundle_index=bundle.index)
+    return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": strategy}
+
+
+# ---------------------------------------------------------------------------------- roles
+class RayLearnerGroup:
+    """The learner ranks; each call runs on every rank and returns rank 0's result."""
+
+    def __init__(self, workers: list, nodes: list[str], model_dir: Path, cfg: Any, seed: int, timeout_s: float):
+        import ray
+
+        self.workers, self.nodes, self.timeout_s = workers, nodes, timeout_s
+        self.names = [f"learner rank {r} (node {n})" for r, n in enumerate(nodes)]
+        master = _get([workers[0].address.remote()], self.names[:1], timeout_s)[0]
+        cfg_ref = ray.put(cfg)
+        self._versions = self._all([w.setup.remote(master, str(model_dir), cfg_ref, seed) for w in workers])
+
+    def _all(self, refs: list) -> list:
+        return _get(refs, self.names, self.timeout_s)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        import ray
+
+        # large arguments (token batches, log-probs) go to the object store once, not once per rank
+        args = tuple(ray.put(a) if hasattr(a, "tokens") or hasattr(a, "shape") else a for a in args)
+        return self._all([w.call.remote(method, *args, **kwargs) for w in self.workers])[0]
+
+    @property
+    def version(self) -> int:
+        return _get([self.workers[0].version.remote()], self.names[:1], self.timeout_s)[0]
+
+    def logprobs(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("logprobs", *args, **kwargs)
+
+    def train_rl(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        return self._call("train_rl", *args, **kwargs)
+
+    def save(self, path: str | Path) -> None:
+        self._call("save", str(path))
+
+    def load(self, path: str | Path) -> None:
+        self._call("load", str(path))
+
+    def offload(self) -> None:
+        self._call("offload")
+
+    def onload(self) -> None:
+        self._call("onload")
+
+    def push_weights(self, fleet: RayRolloutFleet, transport: str, bucket_bytes: int) -> dict[str, float]:
+        refs = [
+            w.push_weights.remote(fleet.engines, fleet.manifest, transport, bucket_bytes, fleet.timeout_s)
+            for w in self.workers
+        ]
+        stats = self._all(refs)[0]
+        fleet.weight_version = self.version
+        return stats
+
+
+def split_by_samples(counts: list[int], parts: int) -> list[tuple[int, int]]:
+    """Contiguous, non-empty prompt ranges, at most ``parts``: the k-th cut is the prompt boundary
+    closest to k/parts of the samples."""
+    import itertools
+
+    if not counts:
+        return []
+    prefix = [0, *itertools.accumulate(counts)]
+    parts = min(parts, len(counts))
+    cuts = [0]
+    for k in range(1, parts):
+        lo, hi = cuts[-1] + 1, len(counts) - (parts - k)
+        target = prefix[-1] * k / parts
+        cuts.append(min(range(lo, hi + 1), key=lambda i: (abs(prefix[i] - target), i)))
+    cuts.append(len(counts))
+    return list(itertools.pairwise(cuts))
+
+
+class RayRolloutFleet:
+    """K engine replicas behind the ``RolloutEngine`` protocol."""
+
+    def __init__(self, engines: list, nodes: list[str], timeout_s: float) -> None:
+        self.engines, self.nodes, self.timeout_s = engines, nodes, timeout_s
+        self.names = [f"engine replica {i} (node {n})" for i, n in enumerate(nodes)]
+        self.manifest = _get([engines[0].manifest.remote()], self.names[:1], timeout_s)[0]
+        self.weight_version = 0
+
+    def _all(self, refs: list, names: list[str] | None = None) -> list:
+        return _get(refs, names or self.names, self.timeout_s)
+
+    def generate(
+        self, prompts: list[list[int]], n: int | list[int], params: SamplingParams, seed: int, first_prompt: int = 0
+    ) -> list[Completion]:
+        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
+        ranges = split_by_samples(counts, len(self.engines))
+        refs = [
+            e.generate.remote(prompts[a:b], counts[a:b], params, seed, first_prompt + a)
+            for e, (a, b) in zip(self.engines, ranges, strict=False)
+        ]
+        outs = self._all(refs, self.names[: len(refs)])
+        completions = []
+        for (a, _), out in zip(ranges, outs, strict=True):
+            for c in out:
+                c.prompt_index += a
+            completions.extend(out)
+        return completions
+
+    def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
+        return self._all([self.engines[0].prompt_logprobs.remote(prompts)], self.names[:1])[0]
+
+    def sleep(self) -> None:
+        self._all([e.sleep.remote() for e in self.engines])
+
+    def close(self) -> None:
+        import ray
+
+        ray.get([e.close.remote() for e in self.engines], timeout=60)
+
+
+class RayRuntime:
+    def __init__(self, cfg: Any, policy_dir: Path, run_dir: Path) -> None:
+        import ray
+
+        rcfg: RayConfig = OmegaConf.to_object(cfg.ray)
+        rcfg.validate()
+        lc = OmegaConf.to_object(cfg.learner)
+        rc = OmegaConf.to_object(cfg.rollout)
+        rc.validate()
+        if rc.backend == "vllm" and rc.vllm.tensor_parallel_size > 1:
+            raise ConfigError(
+                "runtime=ray runs engine replicas of one GPU each for now: set rollout.vllm.tensor_parallel_size=1"
+            )
+        world, replicas = lc.world_size, rc.replicas
+        groups = 2 if cfg.algo.loss.kl_coef > 0 else 1  # a reference learner group beside the policy's
+        colocated = rcfg.placement == "colocated"
+        count = max(world * groups, replicas) if colocated else world * groups + replicas
+        start_ray(rcfg, run_dir, count * rcfg.cpus_per_bundle)
+        self.bundles = place_bundles(rcfg, count)
+        on_gpu = "GPU" in ray.cluster_resources()
+        share = 0.5 if colocated else 1.0
+        learner_cls = ray.remote(LearnerWorker)
+        engine_cls = ray.remote(EngineWorker)
+
+        def learner_group(offset: int) -> RayLearnerGroup:
+            bundles = self.bundles[offset : offset + world]
+            workers = [
+                learner_cls.options(**_on(b, rcfg.cpus_per_bundle * share, share if on_gpu else 0)).remote(r, world, 1)
+                for r, b in enumerate(bundles)
+            ]
+            return RayLearnerGroup(workers, [b.node for b in bundles], policy_dir, lc, cfg.seed, rcfg.call_timeout_s)
+
+        self.learner = learner_group(0)
+        self.ref_learner = learner_group(world) if groups == 2 else None
+        first_engine = 0 if colocated else world * groups
+        engine_bundles = self.bundles[first_engine : first_engine + replicas]
+        engines = [
+            engine_cls.options(**_on(b, rcfg.cpus_per_bundle * share, share if on_gpu else 0)).remote(
+                rc, str(policy_dir), lc.bf16, 1
+            )
+            for b in engine_bundles
+        ]
+        self.fleet = RayRolloutFleet(engines, [b.node for b in engine_bundles], rc.timeout_s)
+        same_node = {b.node for b in engine_bundles} == {self.bundles[0].node}
+        transport = rc.weight_sync.transport
+        if transport == "auto":
+            transport = ("cuda_ipc" if on_gpu else "shm") if same_node else "bytes"
+        self.transport, self.bucket_bytes = transport, rc.weight_sync.bucket_mb << 20
+
+    def sync_weights(self) -> dict[str, float]:
+        return self.learner.push_weights(self.fleet, self.transport, self.bucket_bytes)
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            self.fleet.close()
+        except Exception:  # the run is ending (often because an actor died): free what is left
+            pass
+        ray.shutdown()

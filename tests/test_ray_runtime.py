@@ -1,0 +1,117 @@
+"""runtime=ray on one machine: learner ranks over gloo and engine replicas as Ray actors give the
+one-process run's rollouts and update; faults are one clear error and the run resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("ray", reason="runtime=ray needs ray (in the test extra)")
+
+from test_train_integration import SMALL, comparable
+
+from pc_megatron.config import load_config
+from pc_megatron.observability import read_metrics
+from pc_megatron.runtime.ray_runtime import split_by_samples
+from pc_megatron.train import train
+
+# the SMALL test model has one kv head; TP=2 needs two
+TWO_KV = ["model.tiny.num_kv_heads=2"]
+# the test model solves nothing at first (zero advantages): an entropy bonus makes the update move
+MOVING = ["algo.loss.entropy_coef=0.05", "checkpoint.every_steps=1"]
+
+
+def test_requests_split_across_replicas_by_samples():
+    assert split_by_samples([4] * 8, 2) == [(0, 4), (4, 8)]
+    assert split_by_samples([1, 1, 6], 2) == [(0, 2), (2, 3)]
+    assert split_by_samples([3], 4) == [(0, 1)]
+    assert split_by_samples([2, 2, 2, 2, 2, 2], 3) == [(0, 2), (2, 4), (4, 6)]
+
+
+def _same_step_one(local: list[dict], ray_rows: list[dict]) -> None:
+    assert [r["step"] for r in ray_rows] == [r["step"] for r in local]
+    assert local[0]["eval_accuracy"] == ray_rows[0]["eval_accuracy"]
+    a, b = local[1], ray_rows[1]
+    assert a["cum_generated_tokens"] == b["cum_generated_tokens"] and a["reward_mean"] == b["reward_mean"]
+    assert abs(a["loss"] - b["loss"]) < 1e-6
+    assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * a["grad_norm"]
+    for r in ray_rows[1:]:
+        assert r["logprob_mismatch_max"] < 1e-4 and r["engine_weight_version"] == r["step"]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(["learner.pipeline_parallel_size=2"], id="pp2"),
+        pytest.param([*TWO_KV, "learner.tensor_parallel_size=2", "rollout.replicas=2"], id="tp2-two-replicas"),
+        pytest.param(["learner.data_parallel_size=2", "learner.distributed_optimizer=true"], id="dp2"),
+    ],
+)
+def test_ray_layouts_match_the_local_run(cache_dir, tmp_path, layout):
+    model = [o for o in layout if o.startswith("model.")]
+    common = [*SMALL, *MOVING, *model, "steps=2"]
+    train(load_config("tiny", common), tmp_path / "local")
+    train(load_config("tiny", [*common, *layout, "runtime=ray"]), tmp_path / "ray")
+    _same_step_one(read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray"))
+    if "learner.pipeline_parallel_size=2" in layout:  # its PP=2 checkpoint resumes in one process
+        saved = load_config(str(tmp_path / "ray" / "config.yaml"), ["steps=3", "runtime=local"])
+        train(
+            load_config(
+                str(tmp_path / "ray" / "config.yaml"), ["steps=3", "runtime=local", "learner.pipeline_parallel_size=1"]
+            ),
+            tmp_path / "ray",
+            resume=True,
+        )
+        rows = read_metrics(tmp_path / "ray")
+        assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[3]["policy_version"] == 3 == saved.steps
+        assert rows[3]["logprob_mismatch_max"] < 1e-4
+
+
+def test_ray_with_the_vllm_engine_matches_the_local_run(cache_dir, tmp_path):
+    pytest.importorskip("vllm")
+    common = [*SMALL, *MOVING, "steps=2", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.125"]
+    train(load_config("tiny", common), tmp_path / "local")
+    train(load_config("tiny", [*common, "runtime=ray", "learner.pipeline_parallel_size=2"]), tmp_path / "ray")
+    _same_step_one(read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray"))
+
+
+def _cli(args: list[str], cache_dir) -> subprocess.Popen:
+    env = {**os.environ, "PC_MEGATRON_CACHE": str(cache_dir), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pc_megatron.cli", "train", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_killed_engine_actor_stops_the_run_clearly_and_resume_reproduces_it(cache_dir, tmp_path):
+    common = ["tiny", *SMALL, *MOVING, "steps=4", "runtime=ray", f"out_dir={tmp_path}"]
+    assert _cli([*common, "name=full"], cache_dir).wait(timeout=600) == 0
+    proc = _cli([*common, "name=killed"], cache_dir)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    pids = subprocess.run(["pgrep", "-f", "ray::EngineWorker"], capture_output=True, text=True).stdout.split()
+    assert pids, "no engine actor process found"
+    t_kill = time.time()
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and time.time() - t_kill < 60
+    assert "engine replica 0" in err and "died" in err and "--resume" in err, err[-3000:]
+    resumed = _cli(["--resume", str(tmp_path / "killed")], cache_dir)
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    full, again = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "killed")
+    assert [r["step"] for r in again] == [r["step"] for r in full]
+    for a, b in zip(full, again, strict=True):
+        assert comparable(a) == comparable(b), f"step {a['step']} differs"
