@@ -72,6 +72,7 @@ def test_ray_layouts_match_the_local_run(cache_dir, tmp_path, layout):
         assert rows[3]["logprob_mismatch_max"] < 1e-4
 
 
+@pytest.mark.slow  # ~130 s on 2 cores; the vLLM engine and runtime=ray each have default-tier tests
 def test_ray_with_the_vllm_engine_matches_the_local_run(cache_dir, tmp_path):
     pytest.importorskip("vllm")
     common = [*SMALL, *MOVING, "steps=2", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.125"]

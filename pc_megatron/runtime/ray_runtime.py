@@ -25,6 +25,7 @@ continues from it.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -104,7 +105,11 @@ def start_ray(rcfg: RayConfig, run_dir: Path, cpus_needed: float) -> None:
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"],
-        **{k: v for k, v in os.environ.items() if k.startswith(("PC_MEGATRON_", "HF_", "VLLM_", "TRITON_"))},
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith(("PC_MEGATRON_", "HF_", "VLLM_", "TRITON_", "GLOO_", "NCCL_"))
+        },
     }
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True, "include_dashboard": False}
     if rcfg.address:
@@ -482,6 +487,14 @@ class RayRuntime:
         if transport == "auto":
             transport = ("cuda_ipc" if on_gpu else "shm") if same_node else "bytes"
         self.transport, self.bucket_bytes = transport, rc.weight_sync.bucket_mb << 20
+        placement = {
+            "learner": self.learner.nodes,
+            "reference_learner": self.ref_learner.nodes if self.ref_learner else [],
+            "engines": self.fleet.nodes,
+            "placement": rcfg.placement,
+            "weight_sync_transport": transport,
+        }
+        (run_dir / "placement.json").write_text(json.dumps(placement, indent=2))
 
     def sync_weights(self) -> dict[str, float]:
         return self.learner.push_weights(self.fleet, self.transport, self.bucket_bytes)
