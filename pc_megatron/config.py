@@ -114,7 +114,8 @@ class RunConfig:
     name: str = ""
     """Run directory name; empty = <recipe>-<timestamp>."""
     threads: int = 1
-    """torch intra-op threads (1 is fastest for the tiny model on a shared 2-core machine)."""
+    """torch intra-op threads of each process: this one, and each learner rank and engine replica
+    under runtime=ray (1 is fastest for the tiny model on a shared 2-core machine)."""
     progress: bool = True
     """Show a progress bar."""
     runtime: str = "local"

@@ -1,8 +1,9 @@
 """RL training loop. The scheduler decides which prompts get how many rollouts (``grpo``:
 B prompts x n; ``dapo``; ``pilot_commit``: see pc_megatron/scheduler), then one update.
 
-Per step: the scheduler asks the engine for completions (one or more calls; each sample is
-tagged with the weight version the engine actually served) → verify rewards → the engine sleeps
+Per step (learner and rollout fleet are roles that ``pc_megatron/runtime`` places in this
+process or on Ray actors): the scheduler asks the fleet for completions (one or more calls; each
+sample is tagged with the weight version the engine served) → verify rewards → the engine sleeps
 (colocated GPU) and the learner recomputes old log-probs (we log their mismatch with the
 engine's sampling log-probs: with correct weight sync this is float noise) → group advantages →
 one clipped surrogate update → the new weights stream to the engine in memory, checked against
@@ -144,7 +145,8 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
                 ref_logp = ref_learner.logprobs(batch, sampling.temperature) if ref_learner else None
             # Learner/engine agreement, on rollouts the engine sampled with the learner's current
             # weights (stale pilot rollouts came from an older policy and differ by design).
-            fresh = torch.tensor([s.policy_version == learner.version for s in samples], dtype=torch.float32)
+            version = learner.version
+            fresh = torch.tensor([s.policy_version == version for s in samples], dtype=torch.float32)
             mismatch_mean, mismatch_max = logprob_mismatch(old_logp, engine_logp, batch.loss_mask * fresh[:, None])
             tis = {}
             is_weight = None

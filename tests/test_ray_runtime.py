@@ -116,3 +116,11 @@ def test_a_killed_engine_actor_stops_the_run_clearly_and_resume_reproduces_it(ca
     assert [r["step"] for r in again] == [r["step"] for r in full]
     for a, b in zip(full, again, strict=True):
         assert comparable(a) == comparable(b), f"step {a['step']} differs"
+
+
+def test_an_engine_call_past_its_deadline_is_one_clear_error(cache_dir, tmp_path):
+    from pc_megatron.errors import TrainingError
+
+    cfg = load_config("tiny", [*SMALL, "steps=1", "runtime=ray", "rollout.timeout_s=0.01"])
+    with pytest.raises(TrainingError, match=r"engine replica 0 \(node .*\) did not answer within 0.01 s.*--resume"):
+        train(cfg, tmp_path / "run")

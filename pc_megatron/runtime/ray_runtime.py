@@ -336,7 +336,9 @@ class RayLearnerGroup:
         self.names = [f"learner rank {r} (node {n})" for r, n in enumerate(nodes)]
         master = _get([workers[0].address.remote()], self.names[:1], timeout_s)[0]
         cfg_ref = ray.put(cfg)
-        self._versions = self._all([w.setup.remote(master, str(model_dir), cfg_ref, seed) for w in workers])
+        self._version: int | None = self._all([w.setup.remote(master, str(model_dir), cfg_ref, seed) for w in workers])[
+            0
+        ]
 
     def _all(self, refs: list) -> list:
         return _get(refs, self.names, self.timeout_s)
@@ -346,11 +348,16 @@ class RayLearnerGroup:
 
         # large arguments (token batches, log-probs) go to the object store once, not once per rank
         args = tuple(ray.put(a) if hasattr(a, "tokens") or hasattr(a, "shape") else a for a in args)
+        if method in ("train_rl", "train_sft", "load"):
+            self._version = None
         return self._all([w.call.remote(method, *args, **kwargs) for w in self.workers])[0]
 
     @property
     def version(self) -> int:
-        return _get([self.workers[0].version.remote()], self.names[:1], self.timeout_s)[0]
+        """Rank 0's optimizer-step count (asked once after each call that can change it)."""
+        if self._version is None:
+            self._version = _get([self.workers[0].version.remote()], self.names[:1], self.timeout_s)[0]
+        return self._version
 
     def logprobs(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("logprobs", *args, **kwargs)
@@ -466,7 +473,9 @@ class RayRuntime:
         def learner_group(offset: int) -> RayLearnerGroup:
             bundles = self.bundles[offset : offset + world]
             workers = [
-                learner_cls.options(**_on(b, rcfg.cpus_per_bundle * share, share if on_gpu else 0)).remote(r, world, 1)
+                learner_cls.options(**_on(b, rcfg.cpus_per_bundle * share, share if on_gpu else 0)).remote(
+                    r, world, cfg.threads
+                )
                 for r, b in enumerate(bundles)
             ]
             return RayLearnerGroup(workers, [b.node for b in bundles], policy_dir, lc, cfg.seed, rcfg.call_timeout_s)
@@ -477,7 +486,7 @@ class RayRuntime:
         engine_bundles = self.bundles[first_engine : first_engine + replicas]
         engines = [
             engine_cls.options(**_on(b, rcfg.cpus_per_bundle * share, share if on_gpu else 0)).remote(
-                rc, str(policy_dir), lc.bf16, 1
+                rc, str(policy_dir), lc.bf16, cfg.threads
             )
             for b in engine_bundles
         ]
