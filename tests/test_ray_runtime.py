@@ -124,3 +124,6 @@ def test_an_engine_call_past_its_deadline_is_one_clear_error(cache_dir, tmp_path
     cfg = load_config("tiny", [*SMALL, "steps=1", "runtime=ray", "rollout.timeout_s=0.01"])
     with pytest.raises(TrainingError, match=r"engine replica 0 \(node .*\) did not answer within 0.01 s.*--resume"):
         train(cfg, tmp_path / "run")
+    import ray
+
+    assert not ray.is_initialized()  # a failed start leaves no Ray instance behind

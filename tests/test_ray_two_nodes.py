@@ -3,9 +3,11 @@ each, learner ranks on both (PP=2 over gloo across the namespaces), three RL ste
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -36,9 +38,13 @@ TEMP = {ns: Path(f"/tmp/pcm-ray-{ns}") for ns, _ in NODES}  # short: Ray's socke
 
 
 def _teardown() -> None:
+    """End every process inside our namespaces (not `ray stop`, which ends every Ray process on
+    the machine, a test run's own included), then remove them."""
     for ns, _ in NODES:
         if Path(f"/var/run/netns/{ns}").exists():
-            _in(ns, str(BIN / "ray"), "stop", "--force", check=False)
+            for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
         _run("ip", "netns", "del", ns, check=False)
         shutil.rmtree(TEMP[ns], ignore_errors=True)
 

@@ -464,6 +464,17 @@ class RayRuntime:
         colocated = rcfg.placement == "colocated"
         count = max(world * groups, replicas) if colocated else world * groups + replicas
         start_ray(rcfg, run_dir, count * rcfg.cpus_per_bundle)
+        try:
+            self._start(cfg, rcfg, lc, rc, policy_dir, run_dir, count, groups)
+        except BaseException:
+            ray.shutdown()  # no actors or placement groups left behind by a failed start
+            raise
+
+    def _start(self, cfg, rcfg, lc, rc, policy_dir: Path, run_dir: Path, count: int, groups: int) -> None:
+        import ray
+
+        world, replicas = lc.world_size, rc.replicas
+        colocated = rcfg.placement == "colocated"
         self.bundles = place_bundles(rcfg, count)
         on_gpu = "GPU" in ray.cluster_resources()
         share = 0.5 if colocated else 1.0
