@@ -139,7 +139,6 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
             group_ids = torch.cat([torch.full((len(g.samples),), i) for i, g in enumerate(groups)])
             with timed(times, "logprob"):
                 engine.sleep()
-                learner.onload()
                 batch, engine_logp = completions_to_batch(prompts, completions, tokenizer.pad_token_id)
                 old_logp = learner.logprobs(batch, sampling.temperature)
                 ref_logp = ref_learner.logprobs(batch, sampling.temperature) if ref_learner else None

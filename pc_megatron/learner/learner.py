@@ -243,7 +243,8 @@ class Learner:
             self._offloaded = True
 
     def onload(self) -> None:
-        """Undo ``offload`` before the learner computes again (gradient buffers come back zeroed)."""
+        """Undo ``offload``; the update, ``save`` and ``load`` call it first (gradient buffers
+        come back zeroed)."""
         if self._offloaded:
             self.optimizer.restore_from_cpu()
             self.model.restore_grad_buffers()

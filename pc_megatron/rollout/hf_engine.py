@@ -43,7 +43,7 @@ class HFEngine:
         return push_weights(named_tensors, self.manifest, self.sender, [self], version)
 
     def begin_sync(self) -> None:
-        self._staged: dict[str, torch.Tensor] = {}
+        self._staged = {}
 
     def load_bucket(self, handle: dict) -> int:
         tensors = self._receiver.open(handle)

@@ -151,9 +151,6 @@ class LearnerWorker:
     def address(self) -> tuple[str, int]:
         return _node_ip(), _free_port()
 
-    def node(self) -> str:
-        return _node_ip()
-
     def setup(self, master: tuple[str, int], model_dir: str, cfg: Any, seed: int) -> int:
         os.environ.update(
             MASTER_ADDR=master[0],
@@ -202,9 +199,6 @@ class EngineWorker:
         torch.set_num_threads(threads)
         self.engine = build_engine(rollout_cfg, model_dir, learner_bf16=learner_bf16)
 
-    def node(self) -> str:
-        return _node_ip()
-
     def manifest(self) -> Any:
         return self.engine.manifest
 
@@ -213,9 +207,6 @@ class EngineWorker:
 
     def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
         return self.engine.prompt_logprobs(prompts)
-
-    def weight_version(self) -> int:
-        return self.engine.weight_version
 
     def begin_sync(self) -> None:
         self.engine.begin_sync()
@@ -373,9 +364,6 @@ class RayLearnerGroup:
 
     def offload(self) -> None:
         self._call("offload")
-
-    def onload(self) -> None:
-        self._call("onload")
 
     def push_weights(self, fleet: RayRolloutFleet, transport: str, bucket_bytes: int) -> dict[str, float]:
         refs = [

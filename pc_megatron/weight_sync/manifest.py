@@ -34,10 +34,7 @@ class Manifest:
         from pc_megatron.weight_sync.sharding import HFTensors
 
         hf = HFTensors(folder)
-        expected = {}
-        for name, file in hf.where.items():
-            shape = tuple(hf._handle(file).get_slice(name).get_shape())
-            expected[name] = (shape, dtype)
+        expected = {name: (hf.shape(name), dtype) for name in hf.where}
         hf.release()
         return cls(expected)
 

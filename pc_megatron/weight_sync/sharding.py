@@ -167,6 +167,12 @@ class HFTensors:
     def __contains__(self, key: str) -> bool:
         return key in self.where
 
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The tensor's shape, from the file header (nothing is read)."""
+        if key not in self.where:
+            raise KeyError(f"HF checkpoint lacks tensor {key}")
+        return tuple(self._handle(self.where[key]).get_slice(key).get_shape())
+
     def read(self, key: str, dim: int | None = None, part: tuple[int, int] = (0, 1)) -> torch.Tensor:
         """The tensor, or block ``part = (rank, size)`` of it along ``dim``."""
         if key not in self.where:

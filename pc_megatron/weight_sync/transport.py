@@ -16,7 +16,8 @@ Transports:
 - ``cuda_ipc`` (GPU, engine on the same node): one CUDA buffer shared by a CUDA IPC handle,
   device to device, no host copy.
 
-Nothing here imports vLLM: the engine side (``rollout/vllm_worker.py``) calls ``open_bucket``.
+Nothing here imports vLLM: the engine side (``rollout/vllm_worker.py``) opens each handle with
+``BucketReceiver.open``.
 """
 
 from __future__ import annotations
@@ -225,8 +226,8 @@ class BucketReceiver:
         kind = handle["kind"]
         if kind == "local":
             return [(n, t.to(self.device, copy=True)) for n, t in handle["tensors"]]
+        metas = [TensorMeta(n, d, tuple(s), o, b) for n, d, s, o, b in handle["metas"]]
         if kind == "bytes":
-            metas = [TensorMeta(n, d, tuple(s), o, b) for n, d, s, o, b in handle["metas"]]
             buffer = torch.frombuffer(bytearray(handle["data"]), dtype=torch.uint8)
             return [(n, t.to(self.device)) for n, t in _unpack(buffer, metas)]
         if kind == "shm":
@@ -243,7 +244,6 @@ class BucketReceiver:
         else:
             raise ValueError(f"unknown weight-sync transport '{kind}'")
         self._key = key
-        metas = [TensorMeta(n, d, tuple(s), o, b) for n, d, s, o, b in handle["metas"]]
         return [(n, t.to(self.device)) for n, t in _unpack(self._buffer, metas)]
 
     def close(self) -> None:
