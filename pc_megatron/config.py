@@ -224,6 +224,7 @@ def validate(cfg: Any) -> None:
     OmegaConf.to_object(cfg.ray).validate()
     OmegaConf.to_object(cfg.learner).validate()
     OmegaConf.to_object(cfg.rollout).validate()
+    OmegaConf.to_object(cfg.reward).validate()
     sched = OmegaConf.to_object(cfg.scheduler)
     sched.validate()
     if sched.pilot_samples >= cfg.algo.samples_per_prompt:

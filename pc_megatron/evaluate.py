@@ -2,34 +2,41 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Any
 
 from pc_megatron.data.dataset import PromptRow
-from pc_megatron.rewards import Reward, score_all
+from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.base import RolloutEngine, SamplingParams
+from pc_megatron.rollout.worker import encode_prompts, generate_and_score
 
 
 def evaluate(
-    engine: RolloutEngine,
+    fleet: RolloutEngine,
     tokenizer,
     rows: list[PromptRow],
     cfg: Any,
-    reward: Reward,
-    max_new: int,
+    rewards: RewardPool,
+    rollout_params: SamplingParams,
     seed: int,
-    timeout_s: float | None = None,
-) -> tuple[float, dict[str, float]]:
+) -> dict[str, float]:
+    """``eval_accuracy`` and ``eval_accuracy/<family>`` over ``cfg.num_prompts`` held-out rows
+    (0 = all), ``cfg.samples_per_prompt`` each, at ``cfg.temperature`` (top-p 1); length and
+    stop tokens as in training unless ``cfg.max_new_tokens`` is set."""
     if cfg.num_prompts:
         rows = rows[: cfg.num_prompts]
-    prompts = [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in rows]
-    params = SamplingParams(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens or max_new)
-    completions = engine.generate(prompts, cfg.samples_per_prompt, params, seed)
-    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-    owners = [rows[c.prompt_index] for c in completions]
-    results = score_all(reward, texts, [r.answer for r in owners], [r.id for r in owners], timeout_s)
+    params = dataclasses.replace(
+        rollout_params,
+        temperature=cfg.temperature,
+        top_p=1.0,
+        max_new_tokens=cfg.max_new_tokens or rollout_params.max_new_tokens,
+    )
+    completions, scored = generate_and_score(
+        fleet, tokenizer, rewards, rows, encode_prompts(tokenizer, rows), cfg.samples_per_prompt, params, seed
+    )
     by_family: dict[str, list[float]] = defaultdict(list)
-    for row, res in zip(owners, results, strict=True):
-        by_family[str(row.meta.get("family", "all"))].append(float(res.correct))
-    acc = sum(float(r.correct) for r in results) / len(results)
-    return acc, {f: sum(v) / len(v) for f, v in sorted(by_family.items())}
+    for c, res in zip(completions, scored.results, strict=True):
+        by_family[str(rows[c.prompt_index].meta.get("family", "all"))].append(float(res.correct))
+    acc = sum(float(r.correct) for r in scored.results) / len(scored.results)
+    return {"eval_accuracy": acc, **{f"eval_accuracy/{f}": sum(v) / len(v) for f, v in sorted(by_family.items())}}

@@ -75,3 +75,50 @@ def format_table(rows: list[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 3 + max(len(v) for _, v in rows))
     return "\n".join([line, *(f"{k:<{width}} | {v}" for k, v in rows), line])
+
+
+POLICY_LABELS = {"grpo": "GRPO", "dapo": "DAPO", "pilot_commit": "Pilot-Commit"}
+
+
+def summarize(cfg, run_dir: Path, wall_s: float) -> dict:
+    """From ``metrics.jsonl``: ``summary.json``, the accuracy plot (labelled with the run's
+    policy) and the table printed at the end of a run."""
+    rows = read_metrics(run_dir)
+    evals = [r for r in rows if EVAL_KEY in r]
+    steps = [r for r in rows if "time_step_s" in r]
+    phases = sorted({k for r in steps for k in r if k.startswith("time_") and k != "time_step_s"})
+    summary = {
+        "steps": cfg.steps,
+        "initial_eval_accuracy": evals[0][EVAL_KEY],
+        "final_eval_accuracy": evals[-1][EVAL_KEY],
+        "best_eval_accuracy": max(r[EVAL_KEY] for r in evals),
+        "cum_rollouts": rows[-1]["cum_rollouts"],
+        "cum_generated_tokens": rows[-1]["cum_generated_tokens"],
+        "max_logprob_mismatch": max((r.get("logprob_mismatch_max", 0.0) for r in steps), default=0.0),
+        "reward_timeouts": sum(r.get("reward/timeouts", 0) for r in steps),
+        "reward_errors": sum(r.get("reward/errors", 0) for r in steps),
+        "mean_step_s": sum(r["time_step_s"] for r in steps) / max(len(steps), 1),
+        "phase_s": {p: sum(r.get(p, 0.0) for r in steps) for p in phases},
+        "wall_s": wall_s,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    label = POLICY_LABELS.get(cfg.scheduler.policy, cfg.scheduler.policy)
+    plot_accuracy({label: eval_curve(rows)}, run_dir / "eval_accuracy.png")
+    table = [
+        ("run directory", str(run_dir)),
+        ("steps", str(cfg.steps)),
+        (
+            "held-out accuracy",
+            f"{summary['initial_eval_accuracy']:.3f} -> {summary['final_eval_accuracy']:.3f} "
+            f"(best {summary['best_eval_accuracy']:.3f})",
+        ),
+        ("cumulative rollouts", f"{summary['cum_rollouts']:,}"),
+        ("generated tokens", f"{summary['cum_generated_tokens']:,}"),
+        ("reward timeouts / errors", f"{summary['reward_timeouts']} / {summary['reward_errors']}"),
+        ("max log-prob mismatch", f"{summary['max_logprob_mismatch']:.2e}"),
+        ("mean step time", f"{summary['mean_step_s']:.3f} s"),
+        *((p[5:-2], f"{v:.1f} s") for p, v in summary["phase_s"].items()),
+        ("wall time", f"{wall_s:.1f} s"),
+    ]
+    print(format_table(table))
+    return summary

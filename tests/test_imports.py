@@ -47,3 +47,10 @@ def test_kernels_import_nothing_from_the_package():
 def test_the_scheduler_imports_no_model_code():
     for module in ("torch", "transformers", "megatron", "vllm"):
         assert [f for f in offenders(module, ()) if f.startswith("pc_megatron/scheduler/")] == []
+
+
+def test_rewards_import_no_model_code():
+    """Reward workers start as fresh processes per pool and per replaced worker: they must not
+    pay for torch or a model library."""
+    for module in ("torch", "transformers", "megatron", "vllm", "ray"):
+        assert [f for f in offenders(module, ()) if f.startswith("pc_megatron/rewards/")] == []

@@ -9,9 +9,11 @@ from pc_megatron.config import load_config
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.data.task import prepare_task
 from pc_megatron.pools import answer_pass_rates, select_pool
-from pc_megatron.rewards import build_reward, score_all
+from pc_megatron.rewards import RewardConfig
+from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout import build_engine
 from pc_megatron.rollout.base import RolloutConfig
+from pc_megatron.rollout.worker import encode_prompts, generate_and_score
 from pc_megatron.warmstart import ensure_warm_start, initial_policy_dir
 
 
@@ -27,14 +29,12 @@ def test_exact_pass_rate_matches_sampling():
     tok = load_tokenizer(policy)
     engine = build_engine(RolloutConfig(temperature=1.0, max_new_tokens=8), policy)
     k = 400
-    comps = engine.generate(
-        [tok(r.prompt, add_special_tokens=False)["input_ids"] for r in rows], k, RolloutConfig().sampling(), seed=0
-    )
-    texts = tok.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
+    with RewardPool(RewardConfig()) as rewards:
+        comps, scored = generate_and_score(
+            engine, tok, rewards, rows, encode_prompts(tok, rows), k, RolloutConfig().sampling(), seed=0
+        )
+    results = scored.results
     owners = [rows[c.prompt_index] for c in comps]
-    results = score_all(
-        build_reward(load_config("tiny").reward), texts, [r.answer for r in owners], [r.id for r in owners], 5.0
-    )
     sampled = [sum(res.correct for res, o in zip(results, owners, strict=True) if o is r) / k for r in rows]
     assert any(0.05 < p < 0.95 for p in exact), exact  # the check below is not vacuous
     for p, s in zip(exact, sampled, strict=True):

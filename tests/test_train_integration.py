@@ -67,6 +67,15 @@ def test_two_grpo_steps_write_the_run_directory(two_step_run):
     assert (run_dir / "eval_accuracy.png").stat().st_size > 1000
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
+    assert rows[1]["reward/timeouts"] == rows[1]["reward/errors"] == 0 and rows[1]["generate_calls"] == 1
+
+
+def test_phase_times_add_up_to_the_step_time(two_step_run):
+    """Phases are exclusive (the scheduler's own time leaves out the fleet and reward calls it
+    makes), so the breakdown accounts for the step."""
+    for row in read_metrics(two_step_run[0])[1:]:
+        phases = sum(v for k, v in row.items() if k.startswith("time_") and k != "time_step_s")
+        assert 0.95 * row["time_step_s"] <= phases <= row["time_step_s"], row
 
 
 def test_learner_and_engine_logprobs_agree_every_step(two_step_run):

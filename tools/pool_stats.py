@@ -21,8 +21,9 @@ from pc_megatron.config import load_config
 from pc_megatron.data.task import prepare_task
 from pc_megatron.model.tiny import load_tokenizer
 from pc_megatron.pools import select_pool
-from pc_megatron.rewards import build_reward, score_all
+from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout import build_engine
+from pc_megatron.rollout.worker import encode_prompts, generate_and_score
 from pc_megatron.warmstart import ensure_warm_start
 
 
@@ -41,13 +42,13 @@ def main() -> None:
     task = select_pool(cfg, task, policy, progress=cfg.progress)
     tok = load_tokenizer(policy)
     engine = build_engine(OmegaConf.to_object(cfg.rollout), policy)
-    reward = build_reward(cfg.reward)
     rows = task.train[: args.prompts]
-    prompts = [tok(r.prompt, add_special_tokens=False)["input_ids"] for r in rows]
-    comps = engine.generate(prompts, args.n, OmegaConf.to_object(cfg.rollout).sampling(), cfg.seed)
-    texts = tok.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
-    owners = [rows[c.prompt_index] for c in comps]
-    results = score_all(reward, texts, [r.answer for r in owners], [r.id for r in owners], cfg.reward.timeout_s)
+    params = OmegaConf.to_object(cfg.rollout).sampling()
+    with RewardPool(OmegaConf.to_object(cfg.reward)) as rewards:
+        comps, scored = generate_and_score(
+            engine, tok, rewards, rows, encode_prompts(tok, rows), args.n, params, cfg.seed
+        )
+    results = scored.results
     passes: dict[int, int] = defaultdict(int)
     for c, res in zip(comps, results, strict=True):
         passes[c.prompt_index] += int(res.correct)

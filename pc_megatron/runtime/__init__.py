@@ -2,8 +2,9 @@
 
 A run has three roles: the **learner** (one Megatron learner, or a group of ranks forming one
 torch.distributed world), the **rollout fleet** (one engine, or K engine replicas) and the
-**rewards** (``rewards.score_all``, in the driver). The loop in ``train.py`` talks to them through
-``Runtime``:
+**rewards** (``rewards.pool.RewardPool``: worker processes of the driver, with per-item timeouts,
+under either runtime; scoring is CPU work next to the driver's decode). The loop in ``train.py``
+talks to the first two through ``Runtime``:
 
 - ``runtime=local``: one process, no Ray (the CPU default): a ``Learner`` and one engine.
 - ``runtime=ray``: learner ranks and engine replicas as Ray actors placed on per-node

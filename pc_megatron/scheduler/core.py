@@ -155,6 +155,15 @@ class Batch:
     rounds: int
     stats: dict[str, float] = field(default_factory=dict)
 
+    def metrics(self) -> dict[str, float]:
+        """The step's metrics row: the stats under ``sched/``, and the cumulative rollouts and
+        generated tokens that the accuracy curves are plotted against."""
+        return {
+            "cum_rollouts": self.stats["cum_generated"],
+            "cum_generated_tokens": self.stats["cum_tokens_generated"],
+            **{f"sched/{k}": v for k, v in self.stats.items()},
+        }
+
 
 GenerateFn = Callable[[list[GenRequest]], list[list[Sample]]]
 

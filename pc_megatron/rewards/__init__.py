@@ -1,0 +1,117 @@
+"""Verifiable rewards: a completion and the reference answer in, a score and a flag out.
+
+A reward is a name from ``REWARDS`` or any importable function ``module:function`` taking
+``(completion, answer)`` and returning a ``RewardResult``, a bool or a number (the way TRL takes
+reward functions). Rewards run in a pool of worker processes with a per-item timeout
+(``rewards/pool.py``), so a reward that hangs or crashes on one input costs one item, not the run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pc_megatron.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    score: float
+    correct: bool
+
+
+class Reward(Protocol):
+    def __call__(self, completion: str, answer: str) -> RewardResult: ...
+
+
+_INT = re.compile(r"^\s*(-?\d+)\s*$")
+
+
+class IntegerMatchReward:
+    """1.0 when the completion is exactly the integer answer (surrounding space allowed), else 0.
+
+    Strict on purpose: a completion with trailing junk is wrong, so the policy learns to stop.
+    """
+
+    def __call__(self, completion: str, answer: str) -> RewardResult:
+        m = _INT.match(completion)
+        ok = m is not None and int(m.group(1)) == int(answer)
+        return RewardResult(score=1.0 if ok else 0.0, correct=ok)
+
+
+REWARDS: dict[str, Callable[[], Reward]] = {"integer_match": IntegerMatchReward}
+
+
+@dataclass
+class RewardConfig:
+    """Reward function applied to each completion, and the worker pool that runs it."""
+
+    name: str = "integer_match"
+    """Registered reward: one of REWARDS. Ignored when ``function`` is set."""
+    function: str = ""
+    """A user reward as ``module:function`` (importable in the workers), called as
+    ``f(completion, answer)`` and returning a RewardResult, a bool (correct) or a number (score;
+    correct when > 0)."""
+    workers: int = 2
+    """Reward worker processes."""
+    timeout_s: float = 10.0
+    """Per completion: a reward still running after this long is stopped (its worker is
+    replaced), scored as a failure and counted in ``reward/timeouts``."""
+    on_error: str = "raise"
+    """A reward that raises: 'raise' stops the step with the prompt id and the input (a bug in
+    the reward or a bad dataset row); 'count' scores it as a failure, counted in
+    ``reward/errors``. A worker that crashes is always counted."""
+    failure_score: float = 0.0
+    """Score of a completion whose reward timed out, crashed or (with on_error=count) raised."""
+    max_failure_frac: float = 0.5
+    """Stop the run with a clear error when more than this share of one call's completions
+    (and at least 8) fail: a reward that fails everywhere is broken, not hard."""
+
+    def validate(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"reward.workers={self.workers}: need at least one worker process")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"reward.timeout_s={self.timeout_s}: must be > 0 seconds")
+        if self.on_error not in ("raise", "count"):
+            raise ConfigError(f"reward.on_error: '{self.on_error}' is not one of raise, count")
+        if not 0.0 < self.max_failure_frac <= 1.0:
+            raise ConfigError(f"reward.max_failure_frac={self.max_failure_frac}: must be in (0, 1]")
+        build_reward(self)  # the name or function resolves here, before any worker starts
+
+
+class _FunctionReward:
+    def __init__(self, fn: Callable[[str, str], Any], spec: str) -> None:
+        self.fn, self.spec = fn, spec
+
+    def __call__(self, completion: str, answer: str) -> RewardResult:
+        out = self.fn(completion, answer)
+        if isinstance(out, RewardResult):
+            return out
+        if isinstance(out, bool):
+            return RewardResult(float(out), out)
+        if isinstance(out, (int, float)):
+            return RewardResult(float(out), out > 0)
+        raise TypeError(f"reward.function {self.spec} returned {type(out).__name__}; return a bool or a number")
+
+
+def build_reward(cfg: RewardConfig) -> Reward:
+    if cfg.function:
+        module, sep, attr = cfg.function.partition(":")
+        if not sep or not module or not attr:
+            raise ConfigError(f"reward.function='{cfg.function}': write it as module:function")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(
+                f"reward.function='{cfg.function}' cannot be loaded ({type(e).__name__}: {e}); "
+                "make the module importable (installed or on PYTHONPATH)"
+            ) from None
+        if not callable(fn):
+            raise ConfigError(f"reward.function='{cfg.function}' is not callable")
+        return _FunctionReward(fn, cfg.function)
+    if cfg.name not in REWARDS:
+        raise ConfigError(f"reward.name: unknown reward '{cfg.name}'; choose one of {sorted(REWARDS)}")
+    return REWARDS[cfg.name]()

@@ -1,0 +1,118 @@
+"""Generate → decode → score: the one path from prompts to scored completions, used by training
+(through the scheduler's ``generate`` seam), held-out evaluation and the pool tools."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+
+from pc_megatron.data.dataset import PromptRow
+from pc_megatron.rewards.pool import RewardPool, Scored
+from pc_megatron.rollout.base import Completion, RolloutEngine, SamplingParams
+from pc_megatron.scheduler import GenRequest, Sample
+
+
+def encode_prompts(tokenizer, rows: list[PromptRow]) -> list[list[int]]:
+    return [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in rows]
+
+
+def generate_and_score(
+    fleet: RolloutEngine,
+    tokenizer,
+    rewards: RewardPool,
+    rows: list[PromptRow],
+    prompt_ids: list[list[int]],
+    n: int | list[int],
+    params: SamplingParams,
+    seed: int,
+    times: PhaseTimes | None = None,
+) -> tuple[list[Completion], Scored]:
+    """``n`` completions of each row (per row when a list), in request order, and their rewards;
+    the fleet call and the scoring timed as ``rollout`` and ``reward`` into ``times``."""
+    times = times or PhaseTimes()
+    with times("rollout"):
+        completions = fleet.generate(prompt_ids, n, params, seed)
+    with times("reward"):
+        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+        owners = [rows[c.prompt_index] for c in completions]
+        scored = rewards.score(texts, [r.answer for r in owners], [r.id for r in owners])
+    return completions, scored
+
+
+class PhaseTimes:
+    """Wall seconds per phase of one step, as ``time_<phase>_s`` metrics. Phases nest and are
+    exclusive: a phase's own time leaves out the phases timed inside it, so they add up to the
+    step's time."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._inner: list[float] = []  # per open phase: time spent in phases nested inside it
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        self._inner.append(0.0)
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            own = dt - self._inner.pop()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + own
+            if self._inner:
+                self._inner[-1] += dt
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time_{k}_s": v for k, v in self.seconds.items()}
+
+
+class Rollouts:
+    """The scheduler's ``generate`` for one step at a time: each call is one fleet call with its
+    own seed, scored by the reward pool, returned as the scheduler's ``Sample`` lists (tagged with
+    the weight version the engine served). Counts what the step's calls cost."""
+
+    def __init__(
+        self,
+        fleet: RolloutEngine,
+        rewards: RewardPool,
+        tokenizer,
+        rows: list[PromptRow],
+        params: SamplingParams,
+        seed_of,
+    ) -> None:
+        self.fleet, self.rewards, self.tokenizer, self.rows, self.params = fleet, rewards, tokenizer, rows, params
+        self.prompt_ids = encode_prompts(tokenizer, rows)
+        self.seed_of = seed_of  # (step, call) -> seed
+        self.step, self.times = 0, PhaseTimes()
+        self._counts: dict[str, int] = {}
+
+    def begin_step(self, step: int, times: PhaseTimes) -> None:
+        self.step, self.times = step, times
+        self._counts = {"generate_calls": 0, "generated_tokens": 0, "reward/timeouts": 0, "reward/errors": 0}
+
+    def __call__(self, requests: list[GenRequest]) -> list[list[Sample]]:
+        completions, scored = generate_and_score(
+            self.fleet,
+            self.tokenizer,
+            self.rewards,
+            [self.rows[r.prompt] for r in requests],
+            [self.prompt_ids[r.prompt] for r in requests],
+            [r.n for r in requests],
+            self.params,
+            self.seed_of(self.step, self._counts["generate_calls"]),
+            self.times,
+        )
+        self._counts["generate_calls"] += 1
+        self._counts["generated_tokens"] += sum(len(c.token_ids) for c in completions)
+        self._counts["reward/timeouts"] += scored.timeouts
+        self._counts["reward/errors"] += scored.errors
+        samples = [
+            Sample(r.correct, r.score, c.weight_version, c, len(c.token_ids))
+            for r, c in zip(scored.results, completions, strict=True)
+        ]
+        bounds = [0, *itertools.accumulate(r.n for r in requests)]
+        return [samples[a:b] for a, b in itertools.pairwise(bounds)]
+
+    def metrics(self) -> dict[str, int]:
+        """The current step's counters."""
+        return dict(self._counts)

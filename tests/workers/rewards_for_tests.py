@@ -1,0 +1,24 @@
+"""User reward functions for tests (``reward.function=rewards_for_tests:...`` with this folder on
+the path): ordinary answers, and inputs on which the reward hangs, crashes or raises."""
+
+import os
+import time
+
+
+def exact(completion: str, answer: str) -> bool:
+    if completion == "hang":
+        time.sleep(600)
+    if completion == "crash":
+        os._exit(3)
+    if completion == "raise":
+        raise ValueError("cannot parse")
+    return completion.strip() == answer
+
+
+def scored(completion: str, answer: str) -> float:
+    return 1.0 if completion == answer else -1.0
+
+
+def always_hangs(completion: str, answer: str) -> bool:
+    time.sleep(600)
+    return False
