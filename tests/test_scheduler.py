@@ -99,7 +99,7 @@ def test_accounting_and_pool_invariants(cfg, steps, seed):
 @given(cfg=configs, seed=st.integers(0, 5))
 def test_no_trained_rollout_is_older_than_the_staleness_bound(cfg, seed):
     _, _, history = run(cfg, 20, seed=seed)
-    bound = cfg.max_off_steps + (1 if cfg.bind else 0)  # bound pilots come from the previous call
+    bound = cfg.max_off_steps + 1  # flushed after step t when generated before t - max_off_steps
     for step, (batch, *_) in enumerate(history):
         for g in batch.groups:
             assert all(step - s.policy_version <= bound for s in g.samples)
@@ -108,9 +108,10 @@ def test_no_trained_rollout_is_older_than_the_staleness_bound(cfg, seed):
 @SETTINGS
 @given(cfg=configs.filter(lambda c: c.policy == "pilot_commit"), seed=st.integers(0, 5))
 def test_bound_and_unbound_train_on_the_same_prompts(cfg, seed):
-    # without rounding: it pads bound calls (commits + pilots) and unbound pilot calls differently
-    bound = dataclasses.replace(cfg, bind=True, request_multiple=1)
-    unbound = dataclasses.replace(cfg, bind=False, request_multiple=1)
+    # without rounding: it pads bound calls (commits + pilots) and unbound pilot calls differently;
+    # without flushes: a bound pilot is generated one call earlier, so it is flushed a step earlier
+    bound = dataclasses.replace(cfg, bind=True, request_multiple=1, max_off_steps=100)
+    unbound = dataclasses.replace(cfg, bind=False, request_multiple=1, max_off_steps=100)
     _, _, h1 = run(bound, 15, seed=seed)
     _, _, h2 = run(unbound, 15, seed=seed)
     for (b1, *_), (b2, *_) in zip(h1, h2, strict=True):
@@ -237,3 +238,20 @@ def test_pass_rate_lower_bound_matches_the_closed_form_and_guards_eviction():
     # with 32-sample pilots the guard lets all-correct pilots evict, as the recipe does at n = 128
     big, _, _ = run(dataclasses.replace(cfg, pilot_samples=32, evict_min_pass_rate=0.9), 5, n=64)
     assert big.counts["evicted"] > 0
+
+
+@SETTINGS
+@given(cfg=configs.filter(lambda c: c.policy == "pilot_commit"), seed=st.integers(0, 5))
+def test_every_pilot_carries_the_step_that_generated_it(cfg, seed):
+    """Bound pilots of a step's last call, of its earlier rounds and of a pilot-only call all
+    carry the generating step, so they age (and are flushed) alike; the buffer size counts
+    bound pilots still pending."""
+    sched, oracle = Scheduler(cfg, 40, 4, 8, seed), Oracle(40, 1)
+    for step in range(12):
+        oracle.version = step
+        batch = sched.next_batch(step, oracle, policy_version=step)
+        assert all(e.gen_step == step for e in sched.pending)
+        assert all(step - cfg.max_off_steps <= e.gen_step <= step for e in sched.buffer.values())
+        assert batch.stats["buffer_size"] == len(sched.buffer) + len(sched.pending)
+        for g in batch.groups:  # a group's pilot samples came from the step its entry carried
+            assert len({s.policy_version for s in g.samples[: g.pilot_samples]}) == 1

@@ -66,7 +66,8 @@ class SchedulerConfig:
     buffer_capacity: int = 0
     """Replay-buffer size cap, enforced after each round (oldest dropped first); 0 = 4 x B."""
     max_off_steps: int = 4
-    """After each batch, flush buffered pilots that would be more than this many steps old next step."""
+    """After step t's batch, flush buffered pilots generated before step t - max_off_steps (the
+    recipe's rule), so a trained pilot is at most max_off_steps + 1 policy versions old."""
     selection: str = "max_variance"
     """Commit order: 'random' or 'max_variance' (p̂(1-p̂) high first, ties to the most recent)."""
     bind: bool = True
@@ -142,7 +143,8 @@ class Group:
 class _Entry:
     prompt: int
     samples: list[Sample]
-    planned_step: int  # the step whose batch this pilot was generated for
+    gen_step: int  # the step that generated this pilot (its policy lag when trained at step t: t - gen_step)
+    seq: int = 0  # which pilot batch it came from (the same in bound and unbound mode): "recent" for ties
 
     @property
     def p_hat(self) -> float:
@@ -189,6 +191,7 @@ class Scheduler:
         # fresh | used (drawn this epoch) | buffered | deferred (to the next epoch) | evicted
         self.buffer: dict[int, _Entry] = {}
         self.pending: list[_Entry] = []  # bound mode: pilot results waiting for the next step
+        self.pilot_batches = 0
         self._order_cache: tuple[int, list[int]] = (-1, [])
         self.counts: dict[str, int] = dict.fromkeys(
             (
@@ -263,7 +266,7 @@ class Scheduler:
         for g in batch.groups:
             self._add("trained", g.samples)
         lags = [policy_version - s.policy_version for g in batch.groups for s in g.samples]
-        ages = [step + 1 - e.planned_step for e in self.buffer.values()]  # as of the next step
+        ages = [step - e.gen_step for e in (*self.buffer.values(), *self.pending)]  # steps since generated
         batch.stats = {
             **{f"step_{k}": self.counts[k] - before[k] for k in self.counts},
             **{f"cum_{k}": v for k, v in self.counts.items()},
@@ -271,7 +274,7 @@ class Scheduler:
             **{f"cum_tokens_{k}": v for k, v in self.tokens.items()},
             "groups": len(batch.groups),
             "rounds": batch.rounds,
-            "buffer_size": len(self.buffer),
+            "buffer_size": len(self.buffer) + len(self.pending),  # pending: bound pilots, filed next step
             "buffer_age_mean": sum(ages) / len(ages) if ages else 0.0,
             "buffer_age_max": max(ages, default=0),
             # eviction is permanent and happens once per prompt, so the cumulative count is the pool's
@@ -354,7 +357,7 @@ class Scheduler:
             if self.cfg.selection == "random":
                 entries = random.Random(f"{self.seed}/select/{step}/{rnd}").sample(entries, need)
             else:
-                entries.sort(key=lambda e: (-e.p_hat * (1 - e.p_hat), -e.planned_step, e.prompt))
+                entries.sort(key=lambda e: (-e.p_hat * (1 - e.p_hat), -e.seq, e.prompt))
                 entries = entries[:need]
         for e in entries:
             del self.buffer[e.prompt]
@@ -369,13 +372,13 @@ class Scheduler:
 
     def _enforce_capacity(self) -> None:
         """After each round: the oldest entries beyond the capacity go first."""
-        by_age = sorted(self.buffer.values(), key=lambda e: (e.planned_step, e.prompt))
+        by_age = sorted(self.buffer.values(), key=lambda e: (e.seq, e.prompt))
         self._drop(by_age[: max(len(self.buffer) - self.capacity, 0)])
 
     def _flush_stale(self, step: int) -> None:
-        """After the batch is filled: entries that would be more than ``max_off_steps`` old at
-        the next step are flushed."""
-        self._drop([e for e in self.buffer.values() if step + 1 - e.planned_step > self.cfg.max_off_steps])
+        """After the batch is filled: entries generated more than ``max_off_steps`` steps ago go
+        (pending bound pilots were generated this step and are never stale here)."""
+        self._drop([e for e in self.buffer.values() if step - e.gen_step > self.cfg.max_off_steps])
 
     def _rounded(self, k: int, others: int = 0) -> int:
         """``k`` plus the fewest extra prompts that make ``k + others`` a multiple of request_multiple."""
@@ -384,7 +387,11 @@ class Scheduler:
     def _pilot_requests(self, commits: int = 0) -> list[GenRequest]:
         """B_gen fresh pilots (rounded so that ``commits`` + pilots fill whole engine replicas)."""
         k = self._rounded(self.cfg.gen_prompts_multiplier * self.B, commits)
+        self.pilot_batches += 1
         return [GenRequest(p, self.n_p, "pilot") for p in self._fresh(k)]
+
+    def _entries(self, requests: list[GenRequest], results: list[list[Sample]], step: int) -> list[_Entry]:
+        return [_Entry(q.prompt, r, step, self.pilot_batches) for q, r in zip(requests, results, strict=True)]
 
     def _pilot_commit(self, step: int, generate: GenerateFn) -> Batch:
         """Each round: file pilots → select up to the missing count → commit → trim.
@@ -396,13 +403,13 @@ class Scheduler:
         groups: list[Group] = []
         rounds = 0
         if self.cfg.bind and not self.pending:  # first step (or pool ran dry): a pilot-only call
-            self.pending = self._run_pilots(generate, self._pilot_requests(), planned_step=step)
+            self.pending = self._run_pilots(generate, self._pilot_requests(), gen_step=step)
         while len(groups) < self.B and rounds < self.cfg.max_rounds:
             rounds += 1
             if self.cfg.bind:
                 filed, self.pending = self.pending, []
             else:
-                filed = self._run_pilots(generate, self._pilot_requests(), planned_step=step)
+                filed = self._run_pilots(generate, self._pilot_requests(), gen_step=step)
             for e in filed:
                 self._file_pilot(e)
             chosen = self._select(step, rounds, self.B - len(groups), {g.prompt for g in groups})
@@ -410,23 +417,18 @@ class Scheduler:
             pilots: list[GenRequest] = []
             if self.cfg.bind:
                 pilots = self._pilot_requests(commits=len(commits))
-                last = len(groups) + len(chosen) >= self.B or rounds == self.cfg.max_rounds
-                plan_for = step + 1 if last else step
             results = self._call(generate, commits + pilots)
             groups += [Group(e.prompt, e.samples + r, len(e.samples)) for e, r in zip(chosen, results, strict=False)]
             if self.cfg.bind:
-                self.pending = [
-                    _Entry(q.prompt, r, plan_for) for q, r in zip(pilots, results[len(commits) :], strict=True)
-                ]
+                self.pending = self._entries(pilots, results[len(commits) :], step)
             self._enforce_capacity()
             if not filed and not chosen:
                 break  # nothing left to pilot or commit: the pool is exhausted
         self._flush_stale(step)
         return Batch(groups, rounds)
 
-    def _run_pilots(self, generate: GenerateFn, requests: list[GenRequest], planned_step: int) -> list[_Entry]:
-        results = self._call(generate, requests)
-        return [_Entry(q.prompt, r, planned_step) for q, r in zip(requests, results, strict=True)]
+    def _run_pilots(self, generate: GenerateFn, requests: list[GenRequest], gen_step: int) -> list[_Entry]:
+        return self._entries(requests, self._call(generate, requests), gen_step)
 
     # ------------------------------------------------------------------ state
     def buffered_samples(self) -> int:
@@ -439,8 +441,9 @@ class Scheduler:
             "state": dict(self.state),
             "counts": dict(self.counts),
             "tokens": dict(self.tokens),
-            "buffer": [(e.prompt, e.samples, e.planned_step) for e in self.buffer.values()],
-            "pending": [(e.prompt, e.samples, e.planned_step) for e in self.pending],
+            "pilot_batches": self.pilot_batches,
+            "buffer": [(e.prompt, e.samples, e.gen_step, e.seq) for e in self.buffer.values()],
+            "pending": [(e.prompt, e.samples, e.gen_step, e.seq) for e in self.pending],
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -449,5 +452,6 @@ class Scheduler:
         self.epoch, self.cursor = sd["epoch"], sd["cursor"]
         self.state, self.counts, self.tokens = dict(sd["state"]), dict(sd["counts"]), dict(sd["tokens"])
         self.n_deferred = sum(s == "deferred" for s in self.state.values())
-        self.buffer = {p: _Entry(p, s, t) for p, s, t in sd["buffer"]}
-        self.pending = [_Entry(p, s, t) for p, s, t in sd["pending"]]
+        self.pilot_batches = sd["pilot_batches"]
+        self.buffer = {e[0]: _Entry(*e) for e in sd["buffer"]}
+        self.pending = [_Entry(*e) for e in sd["pending"]]
