@@ -56,6 +56,10 @@ class AlgoConfig:
     """B: prompts (groups) per update."""
     samples_per_prompt: int = 8
     """n: rollouts per prompt (GRPO group size)."""
+    old_logprobs: str = "fused"
+    """Where the old policy's log-probs come from: 'fused' = the update's own forward (one
+    optimizer step per batch: the old policy is the current one; saves a forward pass),
+    'separate' = a forward-only pass before the update (the textbook order; same result)."""
     loss: LossConfig = field(default_factory=LossConfig)
 
 
@@ -208,6 +212,8 @@ def validate(cfg: Any) -> None:
     loss = cfg.algo.loss
     if not (0 <= loss.clip_low < 1 and loss.clip_high >= 0):
         raise ConfigError("algo.loss.clip_low must be in [0, 1) and clip_high >= 0")
+    if cfg.algo.old_logprobs not in ("fused", "separate"):
+        raise ConfigError(f"algo.old_logprobs: '{cfg.algo.old_logprobs}' is not one of fused, separate")
     if loss.tis_cap != 0 and loss.tis_cap < 1:
         raise ConfigError(f"algo.loss.tis_cap must be 0 (off) or >= 1 (got {loss.tis_cap}); 2.0 is a common cap")
     if cfg.eval.temperature == 0 and cfg.eval.samples_per_prompt != 1:

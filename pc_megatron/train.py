@@ -120,6 +120,7 @@ def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_
                 loss_cfg,
                 params.temperature,
                 times,
+                separate_old_logprobs=cfg.algo.old_logprobs == "separate",
             )
             with times("sync"):
                 row |= runtime.sync_weights()

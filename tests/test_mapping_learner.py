@@ -174,8 +174,9 @@ def test_triton_loss_path_matches_the_torch_reference_in_the_learner(tiny_model_
 
 
 def test_truncated_is_weights_scale_each_tokens_policy_gradient(tiny_model_dir):
-    """algo.loss.tis_cap: a per-token weight w multiplies that token's advantage, so a weight that
-    is constant along a row equals scaling the row's advantage, and w = 1 changes nothing."""
+    """algo.loss.tis_cap: the weight w = pi_old / pi_behaviour multiplies that token's advantage,
+    so a weight that is constant along a row equals scaling the row's advantage, and w = 1 (the
+    engine sampled with the learner's weights) changes nothing."""
     from pc_megatron.algo import LossConfig
 
     tokens = torch.randint(2, 23, (3, 7), generator=torch.Generator().manual_seed(5))
@@ -184,17 +185,22 @@ def test_truncated_is_weights_scale_each_tokens_policy_gradient(tiny_model_dir):
     row_w = torch.tensor([2.0, 0.5, 1.5])
     runs = {
         "none": (adv, None),
-        "ones": (adv, torch.ones(3, 6)),
-        "weighted": (adv, row_w[:, None].expand(3, 6).clone()),
+        "ones": (adv, torch.ones(3, 1)),
+        "weighted": (adv, row_w[:, None]),
         "scaled_adv": (adv * row_w, None),
     }
     grads = {}
     for name, (a, w) in runs.items():
         lrn = Learner(tiny_model_dir, LearnerConfig(), seed=0)
-        lrn.train_rl(batch, lrn.logprobs(batch), a, LossConfig(), 1.0, is_weight=w)
+        old = lrn.logprobs(batch)
+        cfg = LossConfig(tis_cap=10.0 if w is not None else 0.0)
+        behaviour = old - torch.log(w) if w is not None else None  # so that pi_old / pi_behaviour = w
+        stats = lrn.train_rl(batch, old, a, cfg, 1.0, behaviour_logp=behaviour)
+        if w is not None:
+            assert stats["tis_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-5)
         grads[name] = {n: p.main_grad.clone() for n, p in lrn.module.named_parameters()}
     for n, g in grads["none"].items():
-        assert torch.equal(g, grads["ones"][n]), n
+        assert torch.allclose(g, grads["ones"][n], rtol=1e-6, atol=1e-9), n
         assert torch.allclose(grads["weighted"][n], grads["scaled_adv"][n], rtol=1e-5, atol=1e-8), n
     assert any(not torch.allclose(grads["weighted"][n], g) for n, g in grads["none"].items())
 
@@ -238,3 +244,30 @@ def test_checkpoint_with_another_optimizer_layout_is_refused(tiny_model_dir, tmp
     with pytest.raises(ModelFileError, match="learner.distributed_optimizer=false, this run uses true"):
         learner.load(tmp_path / "ckpt")
     assert learner.version == 0
+
+
+def test_fused_old_logprobs_give_the_separate_pass_update(tiny_model_dir):
+    """algo.old_logprobs=fused: the update's own forward gives the old log-probs; the step, its
+    statistics and the returned log-probs equal those of a separate forward pass first."""
+    from pc_megatron.algo import LossConfig
+
+    tokens = torch.randint(2, 23, (4, 9), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones(4, 8)
+    mask[1, :3] = 0
+    batch = TokenBatch(tokens, mask)
+    adv = torch.tensor([1.0, -0.5, 0.3, -0.8])
+    cfg = LossConfig(tis_cap=2.0)
+    out = {}
+    for mode in ("separate", "fused"):
+        lrn = Learner(tiny_model_dir, LearnerConfig(micro_batch_size=2), seed=0)
+        old = lrn.logprobs(batch, 0.9)
+        behaviour = old + torch.randn(old.shape, generator=torch.Generator().manual_seed(1))
+        stats = lrn.train_rl(batch, old if mode == "separate" else None, adv, cfg, 0.9, behaviour_logp=behaviour)
+        out[mode] = (old, stats, {n: p.detach().clone() for n, p in lrn.module.named_parameters()})
+    (old, s_sep, w_sep), (_, s_fused, w_fused) = out["separate"], out["fused"]
+    assert torch.allclose(s_fused.pop("old_logp") * mask, old * mask, atol=1e-6)
+    for k, v in s_sep.items():
+        assert s_fused[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+    assert 0 < s_sep["tis_truncated_frac"] < 1 and s_sep["grad_norm"] > 0
+    for n, w in w_sep.items():
+        assert torch.allclose(w, w_fused[n], rtol=1e-5, atol=1e-7), n

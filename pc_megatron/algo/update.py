@@ -1,11 +1,15 @@
-"""One RL update from the scheduler's groups: old log-probs → engine agreement → truncated IS
-weights → group advantages → one clipped-surrogate optimizer step; and the batch's metrics.
+"""One RL update from the scheduler's groups: group advantages → one clipped-surrogate optimizer
+step (the objective itself, truncated IS included, is the learner's ``train_rl``); and the
+batch's metrics.
 
 The learner computes the old log-probs itself rather than trusting the engine's (standard in
-verl and slime): the engine's serve only to measure agreement (``logprob_mismatch``, on rollouts
-sampled with the learner's current weights; buffered pilots came from an older policy and differ
-by design) and, with ``algo.loss.tis_cap``, as the behaviour policy of truncated importance
-sampling.
+verl and slime). With one optimizer step per batch the old policy *is* the current one, so by
+default (``algo.old_logprobs=fused``) they come from the update's own forward, detached, instead
+of a separate forward pass (verl and slime make that pass because they take several
+mini-batch steps). The engine's log-probs serve only to measure agreement
+(``logprob_mismatch``, on rollouts sampled with the weights being trained; buffered pilots came
+from an older policy and differ by design) and, with ``algo.loss.tis_cap``, as the behaviour
+policy of truncated importance sampling.
 """
 
 from __future__ import annotations
@@ -21,19 +25,6 @@ from pc_megatron.rollout.worker import PhaseTimes
 from pc_megatron.scheduler import Group
 
 
-def tis_weights(
-    old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, cap: float
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """``min(pi_old / pi_engine, cap)`` per token, with the mean weight and the truncated share."""
-    raw = torch.exp(old_logp - engine_logp)
-    n_tok = max(float(mask.sum()), 1.0)
-    stats = {
-        "tis_weight_mean": float((raw.clamp(max=cap) * mask).sum()) / n_tok,
-        "tis_truncated_frac": float(((raw > cap) * mask).sum()) / n_tok,
-    }
-    return raw.clamp(max=cap), stats
-
-
 def rl_update(
     learner,
     ref_learner,
@@ -43,6 +34,7 @@ def rl_update(
     loss_cfg: LossConfig,
     temperature: float,
     times: PhaseTimes,
+    separate_old_logprobs: bool = False,
 ) -> dict[str, float]:
     """Train ``learner`` (a ``LearnerRole``) on ``groups``; returns the update's metrics."""
     samples = [s for g in groups for s in g.samples]
@@ -54,16 +46,17 @@ def rl_update(
         batch, engine_logp = completions_to_batch(
             [prompt_ids[g.prompt] for g in groups], completions, tokenizer.pad_token_id
         )
-        old_logp = learner.logprobs(batch, temperature)
+        old_logp = learner.logprobs(batch, temperature) if separate_old_logprobs else None
         ref_logp = ref_learner.logprobs(batch, temperature) if ref_learner else None
-    fresh = torch.tensor([s.policy_version == learner.version for s in samples], dtype=torch.float32)
-    mismatch, mismatch_max = logprob_mismatch(old_logp, engine_logp, batch.loss_mask * fresh[:, None])
-    is_weight, tis = None, {}
-    if loss_cfg.tis_cap > 0:
-        is_weight, tis = tis_weights(old_logp, engine_logp, batch.loss_mask, loss_cfg.tis_cap)
     with times("train"):
         adv = group_advantages(rewards, group_ids, loss_cfg.normalize_adv_by_std)
-        stats = learner.train_rl(batch, old_logp, adv, loss_cfg, temperature, ref_logp, is_weight)
+        behaviour = engine_logp if loss_cfg.tis_cap > 0 else None
+        stats = learner.train_rl(batch, old_logp, adv, loss_cfg, temperature, ref_logp, behaviour)
+    if old_logp is None:
+        old_logp = stats.pop("old_logp")
+    # the learner's version is now one past the weights that gave old_logp
+    fresh = torch.tensor([s.policy_version == learner.version - 1 for s in samples], dtype=torch.float32)
+    mismatch, mismatch_max = logprob_mismatch(old_logp, engine_logp, batch.loss_mask * fresh[:, None])
     group_size = len(groups[0].samples)
     return {
         "trained_groups": len(groups),
@@ -74,6 +67,5 @@ def rl_update(
         "frac_truncated": sum(c.finish_reason == "length" for c in completions) / len(completions),
         "logprob_mismatch": mismatch,
         "logprob_mismatch_max": mismatch_max,
-        **tis,
         **stats,
     }

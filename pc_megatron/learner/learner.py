@@ -405,36 +405,59 @@ class Learner:
     def train_rl(
         self,
         batch: TokenBatch,
-        old_logp: torch.Tensor,
+        old_logp: torch.Tensor | None,
         advantages: torch.Tensor,
         loss_cfg: LossConfig,
         temperature: float,
         ref_logp: torch.Tensor | None = None,
-        is_weight: torch.Tensor | None = None,
-    ) -> dict[str, float]:
+        behaviour_logp: torch.Tensor | None = None,
+    ) -> dict:
         """One optimizer step of the clipped surrogate over ``batch`` (token-mean over all of it).
 
-        ``old_logp: (N, S-1)``, ``advantages: (N,)`` broadcast over each sequence's tokens.
-        ``is_weight: (N, S-1)``, optional, scales each token's policy-gradient term (truncated
-        importance sampling; the weights are constants, so this scales the advantage).
+        ``advantages: (N,)`` broadcast over each sequence's tokens. ``old_logp: (N, S-1)``, or
+        None: with one optimizer step per batch the old policy is the current one, so the
+        update's own forward gives them (detached; the ratio is 1 and its gradient is that of
+        log pi) and they come back as ``out["old_logp"]`` (saves the separate forward pass).
+        With ``loss_cfg.tis_cap > 0``, ``behaviour_logp: (N, S-1)`` (the engine's sampling
+        log-probs) gives each token's truncated importance weight ``min(pi_old / pi_behaviour,
+        cap)``, a constant that scales its advantage (``tis_weight_mean``, ``tis_truncated_frac``).
         """
+        tis = loss_cfg.tis_cap > 0
+        if tis and behaviour_logp is None:
+            raise ValueError("algo.loss.tis_cap > 0 needs the behaviour (engine) log-probs")
+        keys = ("clipfrac", "entropy", "kl", *(("tis_weight_mean", "tis_truncated_frac") if tis else ()))
+        own = torch.zeros(batch.loss_mask.shape) if old_logp is None else None
 
         def loss_fn(rows, tokens, logits):
             mask = batch.loss_mask[rows].to(self.device)
             logp, entropy = self._token_logp(logits, tokens, temperature)
+            if own is not None:
+                own[rows] = logp.detach().float().cpu()
+                old = logp.detach()
+            else:
+                old = old_logp[rows].to(self.device)
             ref = ref_logp[rows].to(self.device) if ref_logp is not None else None
             adv = advantages[rows, None].to(self.device)
-            if is_weight is not None:
-                adv = adv * is_weight[rows].to(self.device)
-            loss, stats = policy_loss(logp, old_logp[rows].to(self.device), adv, loss_cfg, ref, entropy)
-            extra = {
+            extra = {}
+            if tis:
+                raw = torch.exp(old - behaviour_logp[rows].to(self.device))
+                adv = adv * raw.clamp(max=loss_cfg.tis_cap)
+                extra = {
+                    "tis_weight_mean": (raw.clamp(max=loss_cfg.tis_cap) * mask).sum(),
+                    "tis_truncated_frac": ((raw > loss_cfg.tis_cap) * mask).sum(),
+                }
+            loss, stats = policy_loss(logp, old, adv, loss_cfg, ref, entropy)
+            extra |= {
                 "clipfrac": (stats["clipped"] * mask).sum(),
                 "entropy": (entropy.detach() * mask).sum(),
                 "kl": (stats["kl"] * mask).sum() if "kl" in stats else 0.0,
             }
             return (loss * mask).sum(), mask.sum(), extra
 
-        return self._step(batch, loss_fn, ("clipfrac", "entropy", "kl"))
+        out: dict = self._step(batch, loss_fn, keys)
+        if own is not None:
+            out["old_logp"] = self._collect(own)
+        return out
 
     # ----------------------------------------------------------------- checkpoint
     def _sharded_state(self, loading: bool) -> dict:
