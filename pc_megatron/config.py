@@ -95,6 +95,13 @@ class EvalConfig:
     """0 = greedy (then k should be 1)."""
     max_new_tokens: int = 0
     """0 = rollout.max_new_tokens."""
+    expected: bool = True
+    """Also ``eval_expected_accuracy``: the exact expected accuracy of a sample at
+    rollout.temperature (no top-p), P(answer + EOS | prompt) from one teacher-forced learner
+    pass, over the held-out split plus ``data.synthetic.num_eval_expected`` more held-out
+    prompts, family means weighted by the task's mix. Far less noisy than sampled or greedy
+    accuracy over a few hundred prompts; ignores other correct spellings (a slight
+    under-estimate). Embedded task only."""
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Held-out evaluation: mean accuracy over k samples per prompt, overall and per family."""
+"""Held-out evaluation: mean accuracy over k samples per prompt, overall and per family; and the
+exact expected accuracy at the sampling temperature (teacher-forced, from the learner)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,28 @@ def evaluate(
         by_family[str(rows[c.prompt_index].meta.get("family", "all"))].append(float(res.correct))
     acc = sum(float(r.correct) for r in scored.results) / len(scored.results)
     return {"eval_accuracy": acc, **{f"eval_accuracy/{f}": sum(v) / len(v) for f, v in sorted(by_family.items())}}
+
+
+def expected_accuracy(
+    learner, tokenizer, rows: list[PromptRow], temperature: float, weights: dict[str, float] | None = None
+) -> dict[str, float]:
+    """``eval_expected_accuracy`` (and per family): P(answer + EOS | prompt) at ``temperature``,
+    one forward pass of the learner (a ``LearnerRole``); with the exact-match reward, the
+    probability that a sample at that temperature (no top-p) is correct, up to other correct
+    spellings. With ``weights`` (family -> share, e.g. the task's mix) the overall figure is the
+    weighted mean of the family means (a stratified estimate: the population of the mix even
+    where the set over- or under-represents a family), else the plain mean."""
+    from pc_megatron.warmstart import sft_batch
+
+    batch = sft_batch(tokenizer, rows)
+    p = (learner.logprobs(batch, temperature) * batch.loss_mask).sum(1).exp().tolist()
+    by_family: dict[str, list[float]] = defaultdict(list)
+    for row, v in zip(rows, p, strict=True):
+        by_family[str(row.meta.get("family", "all"))].append(v)
+    means = {f: sum(v) / len(v) for f, v in sorted(by_family.items())}
+    if weights:
+        total = sum(weights.get(f, 0.0) for f in means)
+        overall = sum(weights.get(f, 0.0) * m for f, m in means.items()) / total
+    else:
+        overall = sum(p) / len(p)
+    return {"eval_expected_accuracy": overall, **{f"eval_expected_accuracy/{f}": m for f, m in means.items()}}

@@ -26,8 +26,8 @@ from tqdm import tqdm
 
 from pc_megatron.algo.update import rl_update
 from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
-from pc_megatron.data.task import prepare_task
-from pc_megatron.evaluate import evaluate
+from pc_megatron.data.task import expected_eval_set, prepare_task
+from pc_megatron.evaluate import evaluate, expected_accuracy
 from pc_megatron.model.tiny import load_tokenizer
 from pc_megatron.observability import MetricsLog, summarize
 from pc_megatron.pools import select_pool
@@ -91,8 +91,13 @@ def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_
     runtime.sync_weights()
     learner.offload()
 
+    expected_rows = expected_eval_set(cfg, task)
+
     def run_eval(step: int) -> dict[str, float]:
         out = evaluate(fleet, tokenizer, task.eval, cfg.eval, rewards, params, stream_seed(cfg.seed, step, 0))
+        if expected_rows:
+            mix = dict(cfg.data.synthetic.mix)
+            out |= expected_accuracy(learner, tokenizer, expected_rows, params.temperature, mix)
         loop.last_eval_accuracy = out["eval_accuracy"]
         return out
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from pc_megatron import observability
 from pc_megatron.config import load_config
 from pc_megatron.rollout.worker import PhaseTimes
@@ -67,3 +69,38 @@ def test_evaluation_samples_with_the_rollout_stop_tokens(cache_dir):
         stop = SamplingParams(max_new_tokens=8, stop_token_ids=digits)
         stopped = evaluate(engine, tok, rows, cfg.eval, rewards, stop, seed=0)
     assert plain["eval_accuracy"] > 0.2 and stopped["eval_accuracy"] == 0.0
+
+
+def test_expected_accuracy_is_the_exact_pass_rate_over_a_disjoint_held_out_set(cache_dir):
+    """eval_expected_accuracy: the learner's teacher-forced P(answer + EOS) at the sampling
+    temperature equals the HF model's (pools.answer_pass_rates, itself checked against 400
+    samples per prompt in test_pools), over a set disjoint from every split and the pool."""
+    from omegaconf import OmegaConf
+
+    from pc_megatron.data.task import expected_eval_set, prepare_task
+    from pc_megatron.evaluate import expected_accuracy
+    from pc_megatron.learner import Learner
+    from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.pools import answer_pass_rates
+    from pc_megatron.warmstart import initial_policy_dir
+
+    cfg = load_config("tiny", ["data.synthetic.num_eval_expected=300", "rollout.temperature=0.8"])
+    task = prepare_task(cfg)
+    rows = expected_eval_set(cfg, task)
+    assert rows[: len(task.eval)] == task.eval and len(rows) == len(task.eval) + 300
+    seen = {r.prompt for split in (task.train, task.eval, task.sft) for r in split}
+    assert not seen & {r.prompt for r in rows[len(task.eval) :]}
+    policy = initial_policy_dir(cfg)
+    learner = Learner(policy, OmegaConf.to_object(cfg.learner), seed=0)
+    got = expected_accuracy(learner, load_tokenizer(policy), rows, 0.8)
+    want = answer_pass_rates(policy, rows, 0.8)
+    assert got["eval_expected_accuracy"] == pytest.approx(sum(want) / len(want), abs=1e-5)
+    assert 0.05 < got["eval_expected_accuracy"] < 0.95
+    assert {k.split("/")[1] for k in got if "/" in k} == {r.meta["family"] for r in rows}
+    mix = dict(cfg.data.synthetic.mix)
+    weighted = expected_accuracy(learner, load_tokenizer(policy), rows, 0.8, mix)
+    fam = {k.split("/")[1]: v for k, v in got.items() if "/" in k}
+    want_w = sum(mix[f] * m for f, m in fam.items()) / sum(mix[f] for f in fam)
+    assert weighted["eval_expected_accuracy"] == pytest.approx(want_w, abs=1e-6)
+    off = load_config("tiny", ["eval.expected=false"])
+    assert expected_eval_set(off, task) == []

@@ -82,10 +82,15 @@ class SyntheticTaskConfig:
     The held-out and SFT splits, hence the warm-start, are the same for both."""
     easy_pass_band: list[float] = field(default_factory=lambda: [0.2, 0.8])
     """``[low, high]``: the initial policy's pass rate of every ``easy`` pool prompt."""
+    num_eval_expected: int = 2000
+    """Held-out prompts added to the held-out split for the exact expected accuracy
+    (``eval.expected``), drawn after the RL pool is chosen and disjoint from every split and
+    the pool; its size changes nothing else (not the splits, the pool or the warm-start)."""
 
 
 POOLS = ("hard", "easy")
-POOL_FIELDS = ("pool", "easy_pass_band")  # select the RL pool; do not change the base splits
+# fields that do not change the base splits (they select the RL pool, or draw after it)
+POOL_FIELDS = ("pool", "easy_pass_band", "num_eval_expected")
 
 
 def split_fields(cfg: SyntheticTaskConfig) -> dict:
@@ -151,3 +156,10 @@ def pool_candidates(cfg: SyntheticTaskConfig, count: int, exclude: set[str], chu
     is exhausted."""
     rows = _draw(random.Random(f"{cfg.seed}/candidates/{chunk}"), cfg.mix, count, set(exclude))
     return _named(rows, f"cand{chunk}")
+
+
+def expected_eval_rows(cfg: SyntheticTaskConfig, exclude: set[str]) -> list[PromptRow]:
+    """``cfg.num_eval_expected`` held-out prompts from ``mix``, none in ``exclude`` (every prompt
+    of the task's splits and RL pool); a pure function of (seed, exclude)."""
+    rows = _draw(random.Random(f"{cfg.seed}/eval-expected"), cfg.mix, cfg.num_eval_expected, set(exclude))
+    return _named(rows, "xeval")

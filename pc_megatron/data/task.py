@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
-from pc_megatron.data.synthetic import generate_splits, split_fields
+from pc_megatron.data.synthetic import expected_eval_rows, generate_splits, split_fields
 
 
 @dataclass
@@ -47,3 +47,19 @@ def prepare_task(cfg: Any) -> Task:
     if cfg.warmstart.enabled:
         sft = load_rows(cfg.warmstart.data_path or folder / "sft.jsonl")
     return Task(load_rows(folder / "train.jsonl"), load_rows(folder / "eval.jsonl"), sft)
+
+
+def expected_eval_set(cfg: Any, task: Task) -> list[PromptRow]:
+    """The held-out set of ``eval.expected`` for the embedded task: the held-out split and
+    ``num_eval_expected`` more prompts drawn after the RL pool is chosen, disjoint from every
+    split and the pool. Small families (one-digit sums and products have 100 prompts each) are
+    used up by the SFT split, so the extra prompts come from the large families only: the
+    metric weights family means by the mix (``expected_accuracy(weights=...)``). Empty for user
+    datasets or when switched off."""
+    syn = cfg.data.synthetic
+    if cfg.data.train_path or not cfg.eval.expected or not syn.num_eval_expected:
+        return []
+    taken = {r.prompt for split in (task.train, task.eval, task.sft) for r in split}
+    if not task.sft:  # without the warm-start the SFT split is not loaded: exclude it all the same
+        taken |= {r.prompt for r in generate_splits(OmegaConf.to_object(syn))["sft"]}
+    return task.eval + expected_eval_rows(OmegaConf.to_object(syn), taken)
