@@ -229,7 +229,8 @@ def validate(cfg: Any) -> None:
         raise ConfigError("data.eval_path is required when data.train_path is set (held-out accuracy needs it)")
     if not cfg.data.train_path:
         validate_mix(dict(cfg.data.synthetic.mix))
-        validate_pool(cfg.data.synthetic.pool, list(cfg.data.synthetic.easy_pass_band))
+        syn = cfg.data.synthetic
+        validate_pool(syn.pool, list(syn.easy_pass_band), syn.hopeless_frac, syn.solved_frac)
     elif cfg.data.synthetic.pool != "hard":
         raise ConfigError("data.synthetic.pool selects a pool of the embedded task: unset it with data.train_path")
     if cfg.runtime not in ("local", "ray"):

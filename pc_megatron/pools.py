@@ -59,20 +59,48 @@ def answer_pass_rates(model_dir: str | Path, rows: list[PromptRow], temperature:
     return pass_rate_scorer(model_dir, temperature)(rows)
 
 
+def degenerate_share(rates: list[float], n: int) -> float:
+    """Expected share of n-sample groups whose rewards are all equal (all right or all wrong),
+    for prompts with these exact pass rates: the mean of p^n + (1 - p)^n."""
+    return sum(p**n + (1 - p) ** n for p in rates) / len(rates)
+
+
+HOPELESS, SOLVED = 0.02, 0.98  # graded pool: exact initial pass rate below / above these
+
+
+def pool_quotas(syn: Any) -> list[tuple[str, float, float, int]]:
+    """``(name, low, high, count)`` per share of the pool: an exact initial pass rate in
+    ``[low, high]`` (a hopeless prompt below 0.02 and a solved one above 0.98, strictly)."""
+    n = syn.num_train
+    if syn.pool == "easy":
+        lo, hi = syn.easy_pass_band
+        return [("in band", lo, hi, n)]
+    hopeless, solved = round(syn.hopeless_frac * n), round(syn.solved_frac * n)
+    eps = 1e-12
+    return [
+        ("hopeless", 0.0, HOPELESS - eps, hopeless),
+        ("solved", SOLVED + eps, 1.0, solved),
+        ("informative", HOPELESS, SOLVED, n - hopeless - solved),
+    ]
+
+
 def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -> Task:
     """``task`` with its train split replaced by the configured pool (cached by everything that
-    determines it). The held-out and SFT splits are unchanged."""
+    determines it). The held-out and SFT splits are unchanged. Candidates are scored in the
+    order they are drawn and each share of the pool takes the first ones in its band."""
     if cfg.data.train_path or cfg.data.synthetic.pool == "hard":
         return task
     syn = OmegaConf.to_object(cfg.data.synthetic)
-    lo, hi = syn.easy_pass_band
-    key = config_hash(POOL_FORMAT, split_fields(syn), syn.pool, [lo, hi], warm_start_key(cfg), cfg.rollout.temperature)
+    quotas = pool_quotas(syn)
+    fields = [syn.pool, syn.easy_pass_band] if syn.pool == "easy" else [syn.pool, syn.hopeless_frac, syn.solved_frac]
+    key = config_hash(POOL_FORMAT, split_fields(syn), *fields, warm_start_key(cfg), cfg.rollout.temperature)
     path = cache_root(cfg.warmstart.cache_dir) / "pools" / key / "train.jsonl"
     if path.is_file():
         return Task(load_rows(path), task.eval, task.sft)
 
     exclude = {r.prompt for r in task.eval}  # the held-out split stays held out
-    chosen: list[PromptRow] = []
+    chosen: list[tuple[int, PromptRow]] = []  # (candidate order, row)
+    taken = [0] * len(quotas)
     seen = 0
     score = pass_rate_scorer(policy_dir, cfg.rollout.temperature)
     for chunk in range(MAX_CHUNKS):
@@ -80,25 +108,44 @@ def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -
         if not candidates:
             break
         rates = score(candidates)
-        seen += len(candidates)
         for row, rate in zip(candidates, rates, strict=True):
             exclude.add(row.prompt)
-            if lo <= rate <= hi:
-                chosen.append(PromptRow(row.id, row.prompt, row.answer, {**row.meta, "initial_pass_rate": rate}))
+            for q, (_, lo, hi, count) in enumerate(quotas):
+                if lo <= rate <= hi and taken[q] < count:
+                    taken[q] += 1
+                    chosen.append(
+                        (seen, PromptRow(row.id, row.prompt, row.answer, {**row.meta, "initial_pass_rate": rate}))
+                    )
+                    break
+            seen += 1
         if progress:
-            print(
-                f"easy pool: {min(len(chosen), syn.num_train)}/{syn.num_train} prompts in [{lo}, {hi}] "
-                f"from {seen} candidates",
-                flush=True,
-            )
-        if len(chosen) >= syn.num_train:
+            shares = ", ".join(f"{name} {t}/{c}" for (name, _, _, c), t in zip(quotas, taken, strict=True))
+            print(f"{syn.pool} pool: {shares} from {seen} candidates", flush=True)
+        if all(t >= c for (_, _, _, c), t in zip(quotas, taken, strict=True)):
             break
-    if len(chosen) < syn.num_train:
+    short = [(name, lo, hi, c, t) for (name, lo, hi, c), t in zip(quotas, taken, strict=True) if t < c]
+    if short:
+        name, lo, hi, c, t = short[0]
         raise ConfigError(
-            f"data.synthetic.pool=easy: only {len(chosen)} of {seen} candidate prompts have an initial pass rate "
-            f"in [{lo}, {hi}], {syn.num_train} needed: widen data.synthetic.easy_pass_band or lower "
-            "data.synthetic.num_train"
+            f"data.synthetic.pool={syn.pool}: only {t} of {seen} candidate prompts are {name} (initial pass rate in "
+            f"[{lo:.2f}, {hi:.2f}]), {c} needed: "
+            + (
+                "widen data.synthetic.easy_pass_band or lower data.synthetic.num_train"
+                if syn.pool == "easy"
+                else "lower data.synthetic.hopeless_frac / solved_frac or data.synthetic.num_train"
+            )
         )
-    rows = [PromptRow(f"train-{i}", r.prompt, r.answer, r.meta) for i, r in enumerate(chosen[: syn.num_train])]
+    rows = [
+        PromptRow(f"train-{i}", r.prompt, r.answer, r.meta)
+        for i, (_, r) in enumerate(sorted(chosen, key=lambda x: x[0]))
+    ]
     write_jsonl(rows, path)
+    if progress:
+        rates = [r.meta["initial_pass_rate"] for r in rows]
+        n = cfg.algo.samples_per_prompt
+        print(
+            f"{syn.pool} pool: expected degenerate share of {n}-sample groups at the start "
+            f"{degenerate_share(rates, n):.3f}",
+            flush=True,
+        )
     return Task(rows, task.eval, task.sft)

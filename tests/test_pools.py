@@ -1,13 +1,15 @@
-"""The ``easy`` RL pool: chosen by the initial policy's exact pass rate, held-out and SFT unchanged."""
+"""RL pools of the embedded task (easy, graded), chosen by the initial exact pass rate; held-out and SFT unchanged."""
 
 import math
 
+import pytest
 import torch
 from test_train_integration import SMALL
 
 from pc_megatron.config import load_config
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.data.task import prepare_task
+from pc_megatron.errors import ConfigError
 from pc_megatron.pools import answer_pass_rates, select_pool
 from pc_megatron.rewards import RewardConfig
 from pc_megatron.rewards.pool import RewardPool
@@ -61,3 +63,35 @@ def test_easy_pool_keeps_held_out_and_sft_and_filters_train(cache_dir):
     torch.testing.assert_close(stored, torch.tensor(recomputed), rtol=1e-4, atol=1e-6)
     assert select_pool(easy_cfg, task, policy, progress=False).train == easy.train  # cached, same rows
     assert select_pool(hard_cfg, hard, policy, progress=False) is hard
+
+
+def test_graded_pool_has_the_asked_shares_of_hopeless_and_solved_prompts(cache_dir):
+    """data.synthetic.pool=graded: exactly hopeless_frac of the prompts below an exact initial
+    pass rate of 0.02, solved_frac above 0.98, the rest in between; held-out and SFT unchanged."""
+    from pc_megatron.pools import degenerate_share
+
+    over = ["data.synthetic.pool=graded", "data.synthetic.hopeless_frac=0.45", "data.synthetic.solved_frac=0.25"]
+    cfg = load_config("tiny", over)
+    base = prepare_task(load_config("tiny"))
+    task = prepare_task(cfg)
+    policy = ensure_warm_start(cfg, task, progress=False)
+    assert policy == initial_policy_dir(cfg)  # the shipped warm-start: the pool changes nothing upstream
+    graded = select_pool(cfg, task, policy, progress=False)
+    assert graded.eval == base.eval and graded.sft == base.sft
+    n = cfg.data.synthetic.num_train
+    stored = [r.meta["initial_pass_rate"] for r in graded.train]
+    assert len(stored) == n and len({r.prompt for r in graded.train}) == n
+    assert sum(p < 0.02 for p in stored) == round(0.45 * n) and sum(p > 0.98 for p in stored) == round(0.25 * n)
+    assert not {r.prompt for r in graded.train} & {r.prompt for r in base.eval}
+    sample = graded.train[:: n // 200]
+    recomputed = answer_pass_rates(policy, sample, cfg.rollout.temperature)
+    assert torch.allclose(
+        torch.tensor(recomputed), torch.tensor([r.meta["initial_pass_rate"] for r in sample]), atol=1e-4
+    )
+    assert degenerate_share(stored, 8) > 0.7 > degenerate_share([0.5] * 10, 8)
+    with pytest.raises(ConfigError, match="sum <= 1"):
+        load_config(
+            "tiny", ["data.synthetic.pool=graded", "data.synthetic.hopeless_frac=0.8", "data.synthetic.solved_frac=0.3"]
+        )
+    with pytest.raises(ConfigError, match="set data.synthetic.pool=graded"):
+        load_config("tiny", ["data.synthetic.hopeless_frac=0.3"])

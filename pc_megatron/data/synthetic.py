@@ -79,18 +79,26 @@ class SyntheticTaskConfig:
     """RL training pool. ``hard``: the train split as drawn from ``mix`` (about half the groups
     start degenerate, the paper's regime). ``easy``: prompts from ``mix`` whose pass rate under
     the initial policy lies in ``easy_pass_band`` (few degenerate groups; pc_megatron/pools.py).
-    The held-out and SFT splits, hence the warm-start, are the same for both."""
+    ``graded``: ``hopeless_frac`` of prompts the initial policy (almost) never solves,
+    ``solved_frac`` it (almost) always solves, the rest in between (a dial from few degenerate
+    groups to the paper's regime and beyond). The held-out and SFT splits, hence the
+    warm-start, are the same for all."""
     easy_pass_band: list[float] = field(default_factory=lambda: [0.2, 0.8])
     """``[low, high]``: the initial policy's pass rate of every ``easy`` pool prompt."""
+    hopeless_frac: float = 0.0
+    """``graded`` pool: share of prompts whose initial pass rate is below 0.02."""
+    solved_frac: float = 0.0
+    """``graded`` pool: share of prompts whose initial pass rate is above 0.98; the rest lie in
+    [0.02, 0.98], in the order the natural mix draws them."""
     num_eval_expected: int = 2000
     """Held-out prompts added to the held-out split for the exact expected accuracy
     (``eval.expected``), drawn after the RL pool is chosen and disjoint from every split and
     the pool; its size changes nothing else (not the splits, the pool or the warm-start)."""
 
 
-POOLS = ("hard", "easy")
+POOLS = ("hard", "easy", "graded")
 # fields that do not change the base splits (they select the RL pool, or draw after it)
-POOL_FIELDS = ("pool", "easy_pass_band", "num_eval_expected")
+POOL_FIELDS = ("pool", "easy_pass_band", "hopeless_frac", "solved_frac", "num_eval_expected")
 
 
 def split_fields(cfg: SyntheticTaskConfig) -> dict:
@@ -98,8 +106,17 @@ def split_fields(cfg: SyntheticTaskConfig) -> dict:
     return {k: v for k, v in asdict(cfg).items() if k not in POOL_FIELDS}
 
 
-def validate_pool(pool: str, band: list[float]) -> None:
+def validate_pool(pool: str, band: list[float], hopeless_frac: float = 0.0, solved_frac: float = 0.0) -> None:
     from pc_megatron.errors import ConfigError
+
+    if not (0 <= hopeless_frac and 0 <= solved_frac and hopeless_frac + solved_frac <= 1):
+        raise ConfigError(
+            f"data.synthetic.hopeless_frac={hopeless_frac} and solved_frac={solved_frac} must be >= 0 with a sum <= 1"
+        )
+    if pool != "graded" and (hopeless_frac or solved_frac):
+        raise ConfigError(
+            "data.synthetic.hopeless_frac / solved_frac shape the graded pool: set data.synthetic.pool=graded"
+        )
 
     if pool not in POOLS:
         raise ConfigError(f"data.synthetic.pool: unknown pool {pool!r}; valid pools: {', '.join(POOLS)}")
