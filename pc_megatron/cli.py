@@ -76,7 +76,7 @@ def _compare(args: argparse.Namespace) -> int:
     from pc_megatron.compare import compare
 
     recipe, overrides = _recipe_and_overrides(args)
-    compare(recipe, overrides, Path(args.out), tuple(args.methods), args.target)
+    compare(recipe, overrides, Path(args.out), tuple(args.methods), args.target, tuple(args.seeds or ()), args.jobs)
     return 0
 
 
@@ -120,12 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     p_ws.add_argument("overrides", nargs="*")
     p_ws.add_argument("--ship", action="store_true", help="copy it into the package's shipped warm-starts")
     p_ws.set_defaults(func=_warmstart)
-    p_cmp = sub.add_parser("compare", help="run grpo, dapo and pilot_commit on one recipe; rollouts to target")
+    p_cmp = sub.add_parser("compare", help="run policies on one recipe at several seeds; rollouts to target")
     p_cmp.add_argument("recipe", nargs="?")
     p_cmp.add_argument("overrides", nargs="*")
     p_cmp.add_argument("--out", required=True, metavar="DIR", help="output folder (one run directory per method)")
     p_cmp.add_argument("--methods", nargs="+", default=["grpo", "dapo", "pilot_commit"])
-    p_cmp.add_argument("--target", type=float, help="held-out accuracy target (default: GRPO's best)")
+    p_cmp.add_argument("--target", type=float, help="accuracy target (default: the best of GRPO's seed-mean curve)")
+    p_cmp.add_argument("--seeds", type=int, nargs="+", help="run every method at each seed (default: the recipe's)")
+    p_cmp.add_argument("--jobs", type=int, default=1, help="runs at a time (threads are split between them)")
     p_cmp.set_defaults(func=_compare)
     p_cv = sub.add_parser("convert", help="HF <-> Megatron tensor-parallel shards (see pc_megatron/convert.py)")
     p_cv.add_argument("--to", required=True, choices=["hf", "megatron"])

@@ -1,29 +1,82 @@
-"""Run several allocation policies on one recipe and compare rollouts-to-target.
+"""Run allocation policies on one recipe at several seeds and compare rollouts to target.
 
-Same model, data, seed, group size and prompts per update for every method; only
-``scheduler.policy`` differs. The target is GRPO's best held-out accuracy (as in the paper)
-unless given. Writes ``compare.json``, ``compare.md`` and ``compare.png`` into the output folder,
-and each method's full run directory beside them.
+Same model, data, group size and prompts per update for every method and the same seeds; only
+``scheduler.policy`` differs. Every (method, seed) run is a ``pc-megatron train`` process in
+``OUT/seed<S>/<method>/`` (``--jobs`` at a time; a finished run is reused, a cut one resumed).
+
+The compare metric is ``eval_expected_accuracy`` (exact, over 2,500 held-out prompts) when the
+runs have it, else greedy ``eval_accuracy``; both are reported. The target is the best point of
+GRPO's seed-mean curve (as in the paper, GRPO's best, but without one seed's noise) unless
+given; each seed's own GRPO best is reported too. Per method: rollouts to target (mean and 95%
+interval over seeds, how many seeds reached it), the ratio to GRPO's and to DAPO's, and the area
+under the accuracy-vs-rollouts curve up to the rollouts every run reached (the mean accuracy
+over that budget). Writes ``compare.json``, ``compare.md`` and ``compare.png``.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
+import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from pc_megatron.config import load_config
-from pc_megatron.observability import eval_curve, plot_accuracy, read_metrics
-from pc_megatron.train import train
+from pc_megatron.observability import POLICY_LABELS, plot_accuracy, read_metrics
 
 METHODS = ("grpo", "dapo", "pilot_commit")
+# two-sided 95% Student-t quantiles by degrees of freedom (1..30); normal beyond
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131]
+_T95 += [2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def interval(values: list[float]) -> dict[str, Any]:
+    """Mean and a 95% t-interval over seeds (no interval from one value)."""
+    if not values:
+        return {"mean": None, "ci95": None, "n": 0}
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return {"mean": mean, "ci95": None, "n": 1}
+    t = _T95[len(values) - 2] if len(values) - 1 <= len(_T95) else 1.96
+    half = t * statistics.stdev(values) / math.sqrt(len(values))
+    return {"mean": mean, "ci95": [mean - half, mean + half], "n": len(values)}
+
+
+def curve(rows: list[dict], key: str) -> list[tuple[float, float]]:
+    return [(r["cum_rollouts"], r[key]) for r in rows if key in r]
+
+
+def rollouts_to(points: list[tuple[float, float]], target: float) -> float | None:
+    return next((x for x, y in points if y >= target - 1e-12), None)
+
+
+def area(points: list[tuple[float, float]], budget: float) -> float:
+    """Mean accuracy over rollouts [0, budget]: the linearly interpolated curve's area / budget."""
+    total = 0.0
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x0 >= budget:
+            break
+        if x1 > budget:
+            y1 = y0 + (y1 - y0) * (budget - x0) / (x1 - x0)
+            x1 = budget
+        total += (x1 - x0) * (y0 + y1) / 2
+    return total / budget
+
+
+def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Point-wise mean of curves evaluated at the same rollout counts (GRPO's are: its rollouts
+    per step are fixed); truncated to the shortest."""
+    k = min(len(c) for c in curves)
+    return [(statistics.mean(c[i][0] for c in curves), statistics.mean(c[i][1] for c in curves)) for i in range(k)]
 
 
 def degenerate_at_start(first: dict) -> float | None:
     """Fraction of the groups generated at the first update whose rewards are all equal: the
-    full n-sample groups (GRPO, DAPO), else the n_p-sample pilots (Pilot-Commit; a small pilot is
-    degenerate more often than an n-sample group of the same prompt)."""
+    full n-sample groups (GRPO, DAPO), else the n_p-sample pilots (Pilot-Commit)."""
     for phase in ("full", "pilot"):
         groups = first.get(f"sched/step_groups_{phase}", 0)
         if groups:
@@ -31,25 +84,29 @@ def degenerate_at_start(first: dict) -> float | None:
     return None
 
 
-def summarize(rows: list[dict], target: float) -> dict[str, Any]:
-    """Per-method figures from its metrics rows."""
+def run_summary(rows: list[dict], key: str, target: float) -> dict[str, Any]:
+    """One run's figures."""
     wall = list(itertools.accumulate(r.get("time_step_s", 0.0) for r in rows))
-    evals = [(r, w) for r, w in zip(rows, wall, strict=True) if "eval_accuracy" in r]
-    hit = next(((r, w) for r, w in evals if r["eval_accuracy"] >= target), None)
+    evals = [(r, w) for r, w in zip(rows, wall, strict=True) if key in r]
+    hit = next(((r, w) for r, w in evals if r[key] >= target - 1e-12), None)
     updates = [r for r in rows if "frac_all_correct" in r]
     first = next((r for r in rows if r.get("step", 0) >= 1), {})
+    greedy = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
     return {
         "rollouts_to_target": hit[0]["cum_rollouts"] if hit else None,
         "wall_s_to_target": hit[1] if hit else None,
-        "step_to_target": hit[0]["step"] if hit else None,
-        "peak_eval_accuracy": max(r["eval_accuracy"] for r, _ in evals),
-        "final_eval_accuracy": evals[-1][0]["eval_accuracy"],
-        "initial_eval_accuracy": evals[0][0]["eval_accuracy"],
+        "initial": evals[0][0][key],
+        "peak": max(r[key] for r, _ in evals),
+        "final": evals[-1][0][key],
+        "greedy_initial": greedy[0],
+        "greedy_peak": max(greedy),
+        "greedy_final": greedy[-1],
         "cum_rollouts": rows[-1]["cum_rollouts"],
         "mean_group_std": sum(r["mean_group_std"] for r in updates) / max(len(updates), 1),
         "degenerate_frac_start": degenerate_at_start(first),
+        "degenerate_frac_mean": sum(r["frac_all_correct"] + r["frac_all_wrong"] for r in updates)
+        / max(len(updates), 1),
         "updates": len(updates),
-        # the scheduler's own decisions as a share of step time (engine and reward calls excluded)
         "scheduler_time_frac": sum(r.get("time_scheduler_s", 0.0) for r in rows) / max(wall[-1], 1e-9),
     }
 
@@ -58,32 +115,124 @@ def ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or den is None or den == 0 else num / den
 
 
+def _run_all(recipe: str, overrides: list[str], out: Path, methods, seeds, jobs: int) -> dict[tuple[str, int], Path]:
+    """Every (method, seed) run as a ``pc-megatron train`` process, ``jobs`` at a time."""
+    threads = (
+        None
+        if any(o.startswith("threads=") for o in overrides)
+        else max(1, load_config(recipe, overrides).threads // jobs)
+    )
+    todo, dirs = [], {}
+    for seed in seeds:
+        for method in methods:
+            run_dir = out / f"seed{seed}" / method
+            dirs[method, seed] = run_dir
+            if (run_dir / "summary.json").is_file():
+                continue  # finished earlier: reused
+            common = [f"seed={seed}", f"scheduler.policy={method}", "progress=false"]
+            common += [f"threads={threads}"] if threads else []
+            if (run_dir / "checkpoints" / "latest").is_file():
+                cmd = ["train", *common, "--resume", str(run_dir)]
+            else:
+                cmd = ["train", recipe, *overrides, *common, f"out_dir={run_dir.parent}", f"name={method}"]
+            todo.append((method, seed, run_dir, [sys.executable, "-m", "pc_megatron.cli", *cmd]))
+    running: list[tuple[str, int, Path, subprocess.Popen, Any]] = []
+    done = len(dirs) - len(todo)
+    while todo or running:
+        while todo and len(running) < jobs:
+            method, seed, run_dir, cmd = todo.pop(0)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            log = open(run_dir.parent / f"{method}.log", "a")
+            running.append((method, seed, run_dir, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+            print(f"started {method} seed {seed}", flush=True)
+        time.sleep(1.0)
+        for item in [r for r in running if r[3].poll() is not None]:
+            method, seed, run_dir, proc, log = item
+            log.close()
+            running.remove(item)
+            if proc.returncode != 0:
+                for *_, p, lg in running:
+                    p.terminate()
+                    lg.close()
+                raise RuntimeError(
+                    f"{method} at seed {seed} failed (exit {proc.returncode}); see "
+                    f"{run_dir.parent / (method + '.log')}. Finished runs are kept: run the same compare again"
+                )
+            done += 1
+            print(f"[{done}/{len(dirs)}] {method} seed {seed} done", flush=True)
+    return dirs
+
+
 def compare(
-    recipe: str, overrides: list[str], out: Path, methods: tuple[str, ...] = METHODS, target: float | None = None
+    recipe: str,
+    overrides: list[str],
+    out: Path,
+    methods: tuple[str, ...] = METHODS,
+    target: float | None = None,
+    seeds: tuple[int, ...] | None = None,
+    jobs: int = 1,
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    rows: dict[str, list[dict]] = {}
-    for i, method in enumerate(methods, start=1):
-        print(f"[{i}/{len(methods)}] {method}", flush=True)
-        cfg = load_config(recipe, [*overrides, f"scheduler.policy={method}"])
-        run_dir = out / method
-        train(cfg, run_dir, resume=(run_dir / "checkpoints" / "latest").exists())
-        rows[method] = read_metrics(run_dir)
+    seeds = tuple(seeds) if seeds else (load_config(recipe, overrides).seed,)
+    dirs = _run_all(recipe, overrides, out, methods, seeds, jobs)
+    rows = {k: read_metrics(d) for k, d in dirs.items()}
+    key = (
+        "eval_expected_accuracy"
+        if all(any("eval_expected_accuracy" in r for r in v) for v in rows.values())
+        else "eval_accuracy"
+    )
     if target is None:
-        if "grpo" not in rows:
+        if "grpo" not in methods:
             raise ValueError("without --target the target is GRPO's best accuracy: include grpo in --methods")
-        target = max(r["eval_accuracy"] for r in rows["grpo"] if "eval_accuracy" in r)
-    result: dict[str, Any] = {"recipe": recipe, "overrides": overrides, "target_eval_accuracy": target}
-    result["methods"] = {m: summarize(r, target) for m, r in rows.items()}
+        target = max(y for _, y in mean_curve([curve(rows["grpo", s], key) for s in seeds]))
+    budget = min(r[-1]["cum_rollouts"] for r in rows.values())
+    result: dict[str, Any] = {
+        "recipe": recipe,
+        "overrides": overrides,
+        "seeds": list(seeds),
+        "metric": key,
+        "target": target,
+        "auc_budget_rollouts": budget,
+        "methods": {},
+    }
+    for m in methods:
+        per_seed = {s: run_summary(rows[m, s], key, target) for s in seeds}
+        reached = [p["rollouts_to_target"] for p in per_seed.values() if p["rollouts_to_target"] is not None]
+        own = []  # against each seed's own GRPO best
+        if "grpo" in methods:
+            for s in seeds:
+                own_target = max(y for _, y in curve(rows["grpo", s], key))
+                own.append(
+                    ratio(
+                        rollouts_to(curve(rows["grpo", s], key), own_target),
+                        rollouts_to(curve(rows[m, s], key), own_target),
+                    )
+                )
+        result["methods"][m] = {
+            "rollouts_to_target": {**interval(reached), "reached": f"{len(reached)}/{len(seeds)}"},
+            "auc": interval([area(curve(rows[m, s], key), budget) for s in seeds]),
+            "peak": interval([p["peak"] for p in per_seed.values()]),
+            "final": interval([p["final"] for p in per_seed.values()]),
+            "greedy_peak": interval([p["greedy_peak"] for p in per_seed.values()]),
+            "degenerate_frac_mean": interval([p["degenerate_frac_mean"] for p in per_seed.values()]),
+            "grpo_over_method_per_seed_target": interval([x for x in own if x is not None]) if own else None,
+            "per_seed": per_seed,
+        }
     per = result["methods"]
-    for other in ("grpo", "dapo"):
-        if "pilot_commit" in per and other in per:
-            result[f"pilot_commit_vs_{other}"] = ratio(
-                per[other]["rollouts_to_target"], per["pilot_commit"]["rollouts_to_target"]
-            )
+    for m in methods:
+        for base in ("grpo", "dapo"):
+            if base in per and m != base:
+                # > 1: the method needs fewer rollouts than the baseline to reach the target
+                result[f"{m}_vs_{base}"] = ratio(
+                    per[base]["rollouts_to_target"]["mean"], per[m]["rollouts_to_target"]["mean"]
+                )
+                result[f"{m}_vs_{base}_auc_gain"] = (
+                    per[m]["auc"]["mean"] - per[base]["auc"]["mean"] if per[m]["auc"]["mean"] is not None else None
+                )
     (out / "compare.json").write_text(json.dumps(result, indent=2))
     (out / "compare.md").write_text(to_markdown(result))
-    plot_accuracy({m: eval_curve(r) for m, r in rows.items()}, out / "compare.png", target=target)
+    curves = {POLICY_LABELS.get(m, m): mean_curve([curve(rows[m, s], key) for s in seeds]) for m in methods}
+    plot_accuracy(curves, out / "compare.png", target=target, ylabel=f"{key} (mean of {len(seeds)} seeds)")
     print(to_markdown(result))
     return result
 
@@ -92,22 +241,36 @@ def _fmt(v: Any, spec: str = "") -> str:
     return "not reached" if v is None else format(v, spec)
 
 
+def _iv(d: dict | None, spec: str) -> str:
+    if not d or d["mean"] is None:
+        return "-"
+    if d["ci95"] is None:
+        return format(d["mean"], spec)
+    lo, hi = d["ci95"]
+    return f"{format(d['mean'], spec)} [{format(lo, spec)}, {format(hi, spec)}]"
+
+
 def to_markdown(result: dict) -> str:
     lines = [
-        f"Target held-out accuracy: {result['target_eval_accuracy']:.3f}",
+        f"Metric `{result['metric']}`, seeds {result['seeds']}; target {result['target']:.4f} "
+        f"(best of GRPO's seed-mean curve); AUC = mean accuracy over the first "
+        f"{result['auc_budget_rollouts']:,} rollouts. Intervals: 95% over seeds.",
         "",
-        "| method | rollouts to target | wall s to target | peak acc | final acc | mean group std "
-        "| degenerate at start |",
-        "|---|---|---|---|---|---|---|",
+        "| method | rollouts to target | reached | vs GRPO | vs DAPO | AUC | peak | greedy peak | degenerate share |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for m, s in result["methods"].items():
+        vs = [
+            (
+                "-"
+                if f"{m}_vs_{b}" not in result
+                else _fmt(result[f"{m}_vs_{b}"], ".2f") + ("x" if result[f"{m}_vs_{b}"] else "")
+            )
+            for b in ("grpo", "dapo")
+        ]
         lines.append(
-            f"| {m} | {_fmt(s['rollouts_to_target'], ',')} | {_fmt(s['wall_s_to_target'], '.0f')} | "
-            f"{s['peak_eval_accuracy']:.3f} | {s['final_eval_accuracy']:.3f} | {s['mean_group_std']:.3f} | "
-            f"{_fmt(s['degenerate_frac_start'], '.2f')} |"
+            f"| {m} | {_iv(s['rollouts_to_target'], ',.0f')} | {s['rollouts_to_target']['reached']} "
+            f"| {vs[0]} | {vs[1]} | {_iv(s['auc'], '.4f')} | {_iv(s['peak'], '.4f')} | {_iv(s['greedy_peak'], '.3f')} "
+            f"| {_iv(s['degenerate_frac_mean'], '.2f')} |"
         )
-    for key in ("pilot_commit_vs_grpo", "pilot_commit_vs_dapo"):
-        if key in result:
-            value = "target not reached" if result[key] is None else f"{result[key]:.2f}x"
-            lines.append(f"\n{key} (rollouts to target): {value}")
     return "\n".join(lines) + "\n"

@@ -44,7 +44,12 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_accuracy(curves: dict[str, list[tuple[float, float]]], out: Path, target: float | None = None) -> None:
+def plot_accuracy(
+    curves: dict[str, list[tuple[float, float]]],
+    out: Path,
+    target: float | None = None,
+    ylabel: str = "held-out accuracy",
+) -> None:
     """Held-out accuracy (y) against cumulative rollouts (x), one line per curve."""
     import matplotlib
 
@@ -59,7 +64,7 @@ def plot_accuracy(curves: dict[str, list[tuple[float, float]]], out: Path, targe
     if target is not None:
         ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:.3f}")
     ax.set_xlabel("cumulative rollouts")
-    ax.set_ylabel("held-out accuracy")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
