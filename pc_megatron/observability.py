@@ -82,7 +82,7 @@ def format_table(rows: list[tuple[str, str]]) -> str:
     return "\n".join([line, *(f"{k:<{width}} | {v}" for k, v in rows), line])
 
 
-POLICY_LABELS = {"grpo": "GRPO", "dapo": "DAPO", "pilot_commit": "Pilot-Commit"}
+POLICY_LABELS = {"grpo": "GRPO", "dapo": "DAPO", "pilot_commit": "Pilot-Commit", "adaptive": "Adaptive"}
 
 
 def summarize(cfg, run_dir: Path, wall_s: float) -> dict:

@@ -52,7 +52,7 @@ def run(cfg, steps, num_prompts=40, B=4, n=8, seed=0, oracle_seed=1):
 
 configs = st.builds(
     SchedulerConfig,
-    policy=st.sampled_from(["grpo", "dapo", "pilot_commit"]),
+    policy=st.sampled_from(["grpo", "dapo", "pilot_commit", "adaptive"]),
     gen_prompts_multiplier=st.integers(1, 3),
     buffer_capacity=st.integers(0, 12),
     max_off_steps=st.integers(0, 4),
@@ -200,7 +200,8 @@ def test_generate_calls_are_rounded_to_the_request_multiple(cfg, seed):
     cfg = dataclasses.replace(cfg, request_multiple=3)
     _, oracle, _ = run(cfg, 8, num_prompts=400, seed=seed)
     for call in oracle.requests:
-        if cfg.policy == "dapo" or cfg.bind or any(ph == "pilot" for _, _, ph, _ in call):
+        pilot_call = any(ph == "pilot" for _, _, ph, _ in call)
+        if cfg.policy == "dapo" or (cfg.bind and cfg.policy == "pilot_commit") or pilot_call:
             assert len(call) % 3 == 0, [ph for _, _, ph, _ in call]
 
 
@@ -255,3 +256,31 @@ def test_every_pilot_carries_the_step_that_generated_it(cfg, seed):
         assert batch.stats["buffer_size"] == len(sched.buffer) + len(sched.pending)
         for g in batch.groups:  # a group's pilot samples came from the step its entry carried
             assert len({s.policy_version for s in g.samples[: g.pilot_samples]}) == 1
+
+
+def _rollouts_per_mixed_group(policy: str, probs: list[float], steps: int = 30) -> tuple[float, float]:
+    """(rollouts generated per trained group with both right and wrong samples, pilot share)."""
+    cfg = SchedulerConfig(policy=policy, bind=False)
+    sched, oracle = Scheduler(cfg, 400, 8, 32, 0), Oracle(400, 1)
+    oracle.p = [random.Random(i).choice(probs) for i in range(400)]
+    mixed = 0
+    for step in range(steps):
+        oracle.version = step
+        batch = sched.next_batch(step, oracle, policy_version=step)
+        mixed += sum(0 < sum(s.correct for s in g.samples) < len(g.samples) for g in batch.groups)
+    return sched.counts["generated"] / max(mixed, 1), sched.counts["generated_pilot"] / sched.counts["generated"]
+
+
+def test_adaptive_spends_little_where_groups_degenerate_and_nothing_extra_where_they_do_not():
+    """With fixed pass rates (the oracle): in a pool of 70% solved or hopeless prompts, adaptive
+    needs far fewer rollouts per informative trained group than GRPO and fewer than the paper's
+    Pilot-Commit; in a pool where every group is informative it allocates exactly as GRPO."""
+    graded = [0.0] * 45 + [1.0] * 25 + [0.1, 0.3, 0.5, 0.7, 0.9] * 6
+    grpo, _ = _rollouts_per_mixed_group("grpo", graded)
+    paper, _ = _rollouts_per_mixed_group("pilot_commit", graded)
+    adaptive, _ = _rollouts_per_mixed_group("adaptive", graded)
+    assert adaptive * 2 < grpo and adaptive * 1.2 < paper, (grpo, paper, adaptive)
+    informative = [0.3, 0.5, 0.7]
+    grpo, _ = _rollouts_per_mixed_group("grpo", informative)
+    adaptive, pilot_share = _rollouts_per_mixed_group("adaptive", informative)
+    assert adaptive == grpo and pilot_share == 0.0

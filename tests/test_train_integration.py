@@ -134,7 +134,7 @@ def test_missing_model_folder_is_one_clear_error(tmp_path, cache_dir):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("policy", ["dapo", "pilot_commit"])
+@pytest.mark.parametrize("policy", ["dapo", "pilot_commit", "adaptive"])
 def test_allocation_policies_run_end_to_end_and_resume_exactly(policy, cache_dir, tmp_path):
     """Each policy trains through the real engine and learner; a run stopped at a checkpoint
     (replay buffer and pending pilots included) resumes to the same metrics."""

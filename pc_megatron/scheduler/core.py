@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pc_megatron.data.sampler import epoch_permutation
+from pc_megatron.scheduler.belief import PassRateBelief
 
-POLICIES = ("grpo", "dapo", "pilot_commit")
+POLICIES = ("grpo", "dapo", "pilot_commit", "adaptive")
 ROLLOUT_KEYS = (  # rollout counters, also kept in generated tokens
     "generated",
     "trained",
@@ -47,7 +48,8 @@ class SchedulerConfig:
     """Rollout allocation."""
 
     policy: str = "grpo"
-    """'grpo' (uniform), 'dapo' (dynamic sampling) or 'pilot_commit'."""
+    """'grpo' (uniform), 'dapo' (dynamic sampling), 'pilot_commit' (the paper's) or 'adaptive'
+    (pilots sized and skipped by what the run knows; see the module docstring)."""
     gen_prompts_multiplier: int = 3
     """B_gen = multiplier x B fresh prompts per DAPO / pilot round."""
     pilot_samples: int = 0
@@ -74,6 +76,21 @@ class SchedulerConfig:
     """Put commit(t) and pilot(t+1) in one generate call."""
     max_rounds: int = 10
     """Generate rounds per batch before training on what there is."""
+    adaptive_pilot: int = 4
+    """adaptive: first pilot size; a degenerate, inconclusive pilot is extended by as many
+    samples again, up to pilot_samples."""
+    adaptive_skip_below: float = 0.2
+    """adaptive: a prompt whose n-sample group would be mixed with probability below this (its
+    posterior says solved or hopeless) is not piloted this epoch (deferred)."""
+    adaptive_direct_above: float = 0.8
+    """adaptive: a prompt whose n-sample group would be mixed with probability at least this gets
+    a full group of n without a pilot (GRPO's allocation, where the pool is informative)."""
+    adaptive_explore: float = 0.05
+    """adaptive: share of skip decisions overridden by a pilot (the policy moves)."""
+    adaptive_forget: float = 0.97
+    """adaptive: a sample's weight in a prompt's evidence decays by this per policy step."""
+    adaptive_evict_confidence: float = 0.95
+    """adaptive: evict a prompt only when P(all n samples correct) is at least this."""
     request_multiple: int = 1
     """Round each generate call's prompt count up to a multiple of this (the rollout engine's
     data-parallel size, so every replica gets the same number of prompts) by piloting (DAPO:
@@ -93,6 +110,12 @@ class SchedulerConfig:
             raise ConfigError("scheduler: gen_prompts_multiplier and max_rounds must be >= 1, max_off_steps >= 0")
         if not 0 <= self.evict_min_pass_rate <= 1:
             raise ConfigError("scheduler.evict_min_pass_rate must be in [0, 1] (0 = the recipe's eviction rule)")
+        if not (1 <= self.adaptive_pilot and 0 <= self.adaptive_skip_below <= self.adaptive_direct_above <= 1):
+            raise ConfigError(
+                "scheduler: need adaptive_pilot >= 1 and 0 <= adaptive_skip_below <= adaptive_direct_above <= 1"
+            )
+        if not (0 <= self.adaptive_explore <= 1 and 0 < self.adaptive_forget <= 1):
+            raise ConfigError("scheduler: need adaptive_explore in [0, 1] and adaptive_forget in (0, 1]")
         if self.request_multiple < 1:
             raise ConfigError("scheduler.request_multiple must be >= 1 (the engine's data-parallel size; 1 = off)")
 
@@ -190,7 +213,9 @@ class Scheduler:
         self.state: dict[int, str] = dict.fromkeys(range(num_prompts), "fresh")
         # fresh | used (drawn this epoch) | buffered | deferred (to the next epoch) | evicted
         self.buffer: dict[int, _Entry] = {}
-        self.pending: list[_Entry] = []  # bound mode: pilot results waiting for the next step
+        self.pending: list[_Entry] = []  # bound mode: pilot results waiting for the next step;
+        # adaptive: inconclusive pilots waiting for their extension
+        self.belief = PassRateBelief(cfg.adaptive_forget)
         self.pilot_batches = 0
         self._order_cache: tuple[int, list[int]] = (-1, [])
         self.counts: dict[str, int] = dict.fromkeys(
@@ -199,6 +224,9 @@ class Scheduler:
                 "evicted",
                 "deferred",
                 "skipped_easy",
+                "skipped_confident",
+                "direct_groups",
+                "extended",
                 "groups_full",
                 "degenerate_full",
                 "groups_pilot",
@@ -262,7 +290,9 @@ class Scheduler:
         elif self.cfg.policy == "dapo":
             batch = self._dapo(generate)
         else:
-            batch = self._pilot_commit(step, generate)
+            batch = self._pilot_commit(step, generate) if self.cfg.policy == "pilot_commit" else None
+        if self.cfg.policy == "adaptive":
+            batch = self._adaptive(step, generate)
         for g in batch.groups:
             self._add("trained", g.samples)
         lags = [policy_version - s.policy_version for g in batch.groups for s in g.samples]
@@ -430,6 +460,112 @@ class Scheduler:
     def _run_pilots(self, generate: GenerateFn, requests: list[GenRequest], gen_step: int) -> list[_Entry]:
         return self._entries(requests, self._call(generate, requests), gen_step)
 
+    # Adaptive ---------------------------------------------------------------------
+    def _adaptive(self, step: int, generate: GenerateFn) -> Batch:
+        """Each round: fresh prompts are judged by their pass-rate posterior: confidently solved
+        or hopeless ones are deferred without a pilot (a few are piloted anyway, to explore),
+        confidently informative ones get a full n-group at once, the rest a cheap pilot; one
+        call carries the full groups, the pilots and the extensions of inconclusive pilots.
+        Mixed pilots are buffered and committed up to n in a second call."""
+        c, n = self.cfg, self.n
+        belief = self.belief
+        belief.refit(step)
+        groups: list[Group] = []
+        rounds = 0
+        while len(groups) < self.B and rounds < c.max_rounds:
+            rounds += 1
+            need = self.B - len(groups)
+            taken = {g.prompt for g in groups} | {e.prompt for e in self.pending}
+            direct: list[int] = []
+            pilots: list[int] = []
+            # draw (at most B_gen) until the full groups, the buffer and the pilots' expected yield
+            # (each pilot's chance of a mixed group) cover the need: few draws where the pool is informative
+            expected = len(self.buffer) + 0.5 * len(self.pending)
+            drawn_any = False
+            for _ in range(c.gen_prompts_multiplier * need):
+                if len(direct) + expected >= need:
+                    break
+                drawn = self._fresh(1, taken)
+                if not drawn:
+                    break
+                p, drawn_any = drawn[0], True
+                taken.add(p)
+                mixed = belief.mixed_prob(p, step, n)
+                explore = random.Random(f"{self.seed}/explore/{self.epoch}/{p}").random() < c.adaptive_explore
+                if belief.seen(p) and mixed < c.adaptive_skip_below and not explore:
+                    self._skip(p, step)
+                elif mixed >= c.adaptive_direct_above:
+                    direct.append(p)
+                else:
+                    pilots.append(p)
+                    expected += mixed
+            extend, self.pending = self.pending, []
+            short = (-(len(direct) + len(pilots) + len(extend))) % c.request_multiple
+            if short and (direct or pilots or extend):  # fill whole engine replicas with extra pilots
+                pilots += self._fresh(short, taken)
+            size = min(c.adaptive_pilot, self.n_p)
+            requests = [GenRequest(p, n, "full") for p in direct]
+            requests += [GenRequest(p, size, "pilot") for p in pilots]
+            requests += [GenRequest(e.prompt, min(size, self.n_p - len(e.samples)), "pilot") for e in extend]
+            self.pilot_batches += 1
+            results = self._call(generate, requests) if requests else []
+            for p, samples in zip(direct, results, strict=False):
+                belief.observe(p, [s.correct for s in samples], step)
+                groups.append(Group(p, samples))
+                self.counts["direct_groups"] += 1
+            rest = results[len(direct) :]
+            for p, samples in zip(pilots, rest, strict=False):
+                self._judge(_Entry(p, samples, step, self.pilot_batches), samples, step)
+            for e, samples in zip(extend, rest[len(pilots) :], strict=True):
+                self.counts["extended"] += 1
+                self._judge(_Entry(e.prompt, e.samples + samples, e.gen_step, self.pilot_batches), samples, step)
+            chosen = self._select(step, rounds, self.B - len(groups), {g.prompt for g in groups})
+            if chosen:
+                commits = [GenRequest(e.prompt, n - len(e.samples), "commit") for e in chosen]
+                for e, r in zip(chosen, self._call(generate, commits), strict=True):
+                    belief.observe(e.prompt, [s.correct for s in r], step)
+                    groups.append(Group(e.prompt, e.samples + r, len(e.samples)))
+            self._enforce_capacity()
+            if not requests and not chosen and not drawn_any:
+                break  # nothing left to pilot or commit: the pool is exhausted
+        self._flush_stale(step)
+        return Batch(groups, rounds)
+
+    def _skip(self, prompt: int, step: int) -> None:
+        """A prompt the posterior calls solved or hopeless: not piloted this epoch."""
+        if self.belief.all_correct_prob(prompt, step, self.n) >= self.cfg.adaptive_evict_confidence:
+            self.state[prompt] = "evicted"
+            self.counts["evicted"] += 1
+        else:
+            self.state[prompt] = "deferred"
+            self.n_deferred += 1
+        self.counts["skipped_confident"] += 1
+
+    def _judge(self, entry: _Entry, new: list[Sample], step: int) -> None:
+        """File an adaptive pilot (``new``: its latest samples): mixed → buffer; degenerate and
+        confidently so → deferred (or evicted); degenerate and inconclusive → extended next call
+        while under pilot_samples, else buffered when more likely mixed than not."""
+        self.belief.observe(entry.prompt, [s.correct for s in new], step)
+        correct = sum(s.correct for s in entry.samples)
+        if len(new) == len(entry.samples):  # a first pilot (extensions are not counted twice)
+            self.pilot_hist[min(correct, self.n_p)] += 1
+        mixed = self.belief.mixed_prob(entry.prompt, step, self.n)
+        if 0 < correct < len(entry.samples) or (len(entry.samples) >= self.n_p and mixed >= 0.5):
+            self.buffer[entry.prompt] = entry
+            self.state[entry.prompt] = "buffered"
+            return
+        if mixed >= self.cfg.adaptive_skip_below and len(entry.samples) < self.n_p:
+            self.pending.append(entry)
+            return
+        if self.belief.all_correct_prob(entry.prompt, step, self.n) >= self.cfg.adaptive_evict_confidence:
+            self.state[entry.prompt] = "evicted"
+            self.counts["evicted"] += 1
+        else:
+            self.state[entry.prompt] = "deferred"
+            self.n_deferred += 1
+            self.counts["deferred"] += 1
+        self._add("wasted_filtered", entry.samples)
+
     # ------------------------------------------------------------------ state
     def buffered_samples(self) -> int:
         return sum(len(e.samples) for e in self.buffer.values()) + sum(len(e.samples) for e in self.pending)
@@ -444,6 +580,7 @@ class Scheduler:
             "pilot_batches": self.pilot_batches,
             "buffer": [(e.prompt, e.samples, e.gen_step, e.seq) for e in self.buffer.values()],
             "pending": [(e.prompt, e.samples, e.gen_step, e.seq) for e in self.pending],
+            "belief": self.belief.state_dict(),
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -455,3 +592,4 @@ class Scheduler:
         self.pilot_batches = sd["pilot_batches"]
         self.buffer = {e[0]: _Entry(*e) for e in sd["buffer"]}
         self.pending = [_Entry(*e) for e in sd["pending"]]
+        self.belief.load_state_dict(sd["belief"])
