@@ -137,3 +137,37 @@ def test_vllm_rollout_throughput_at_the_1_5b_recipe_shape(tmp_path):
     print(f"vLLM 1.5B-shaped rollout: {rate:,.0f} generated tokens/s")
     engine.close()
     assert rate > 1000
+
+
+def test_broadcast_weight_sync_over_nccl_into_another_gpu(tmp_path):
+    """The broadcast transport on GPU: the sender on cuda:0 (this process), a receiver process on
+    cuda:1; every bucket is one NCCL broadcast between device buffers, bit-identical on arrival."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("NCCL takes one process per GPU: needs 2 GPUs")
+    import torch.multiprocessing as mp
+    from test_weight_sync_broadcast import BUCKET, _Engine, _weights
+
+    from pc_megatron.weight_sync.manifest import Manifest
+    from pc_megatron.weight_sync.transport import BroadcastGroup, BroadcastSender, push_weights
+
+    engine = _Engine(mp.get_context("spawn"), tmp_path / "engine.pt", device="cuda:1")
+    try:
+        torch.cuda.set_device(0)
+        group = BroadcastGroup.create("127.0.0.1", receivers=1, timeout_s=120, device="cuda:0")
+        assert group.info["backend"] == "nccl"
+        engine.start_join(group.info, 1)
+        group.connect()
+        assert engine.answer() == group.key
+        sender = BroadcastSender(BUCKET, group)
+        for version in (1, 2):
+            named = {n: t.cuda() for n, t in _weights(seed=version).items()}
+            manifest = Manifest({n: (tuple(t.shape), t.dtype) for n, t in named.items()})
+            stats = push_weights(named.items(), manifest, sender, [engine], version)
+            assert stats["weight_sync_gbps"] > 0 and sender.buffer.device.type == "cuda"
+            got = torch.load(engine.out_path)
+            for name, t in named.items():
+                assert torch.equal(got[name], t.cpu()), name
+        sender.close()
+        group.close()
+    finally:
+        engine.stop()

@@ -127,3 +127,53 @@ def test_an_engine_call_past_its_deadline_is_one_clear_error(cache_dir, tmp_path
     import ray
 
     assert not ray.is_initialized()  # a failed start leaves no Ray instance behind
+
+
+def test_the_weight_sync_transport_choice():
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.runtime.ray_runtime import choose_transport
+
+    assert choose_transport("auto", on_gpu=True, placement="split", same_node=True) == "broadcast"
+    assert choose_transport("auto", on_gpu=True, placement="split", same_node=False) == "broadcast"
+    assert choose_transport("auto", on_gpu=True, placement="colocated", same_node=True) == "cuda_ipc"
+    assert choose_transport("auto", on_gpu=False, placement="split", same_node=True) == "shm"
+    assert choose_transport("auto", on_gpu=False, placement="colocated", same_node=False) == "bytes"
+    assert choose_transport("broadcast", on_gpu=False, placement="colocated", same_node=True) == "broadcast"
+    with pytest.raises(ConfigError, match="ray.placement=split"):  # NCCL: one process per GPU
+        choose_transport("broadcast", on_gpu=True, placement="colocated", same_node=True)
+    with pytest.raises(ConfigError, match="needs runtime=ray"):  # runtime=local: nothing to broadcast to
+        load_config("tiny", ["rollout.weight_sync.transport=broadcast"])
+
+
+BROADCAST = ["ray.placement=split", "rollout.weight_sync.transport=broadcast", "rollout.replicas=2"]
+
+
+def test_broadcast_weight_sync_into_split_engines_matches_the_local_run(cache_dir, tmp_path):
+    """Two hf engine replicas on bundles of their own take every sync as one gloo broadcast per
+    bucket from learner rank 0 (small buckets: several per sync): the run is the local run."""
+    import json
+
+    common = [*SMALL, *MOVING, "steps=2", "rollout.backend=hf", "rollout.weight_sync.bucket_mb=1"]
+    train(load_config("tiny", common), tmp_path / "local")
+    train(load_config("tiny", [*common, "runtime=ray", *BROADCAST]), tmp_path / "ray")
+    placement = json.loads((tmp_path / "ray" / "placement.json").read_text())
+    assert placement["weight_sync_transport"] == "broadcast" and len(placement["engines"]) == 2
+    local, ray_rows = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray")
+    _same_step_one(local, ray_rows)
+    for a, b in zip(local[1:], ray_rows[1:], strict=True):
+        assert a["weight_sync_bytes"] == b["weight_sync_bytes"] and b["weight_sync_gbps"] > 0
+
+
+@pytest.mark.slow  # the vLLM CPU engine starts in ~35 s
+def test_broadcast_weight_sync_into_vllm_workers_matches_the_local_run(cache_dir, tmp_path):
+    """The vLLM worker process joins through collective_rpc and takes each bucket's broadcast.
+    One replica: two vLLM engines starting at once on a 2-core machine starve the reward
+    workers' start (the two-replica rank layout is the hf test's)."""
+    import json
+
+    pytest.importorskip("vllm")
+    common = [*SMALL, *MOVING, "steps=2", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.125"]
+    train(load_config("tiny", common), tmp_path / "local")
+    train(load_config("tiny", [*common, "runtime=ray", *BROADCAST[:2]]), tmp_path / "ray")
+    assert json.loads((tmp_path / "ray" / "placement.json").read_text())["weight_sync_transport"] == "broadcast"
+    _same_step_one(read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray"))

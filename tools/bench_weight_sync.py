@@ -2,6 +2,8 @@
 
     python tools/bench_weight_sync.py [--workdir /tmp/pcm-bench-sync] [--buckets 16 64 256 1024]
                                       [--skip-large] [--repeats 3] [--out results.json]
+                                      [--skip-sync] [--skip-rollout] [--transports shm bytes broadcast]
+                                      [--receivers 2] [--transport-bucket 256]
 
 1. **Sync**: seconds and GB/s of ``VllmEngine.update_weights`` (learner-side pack, transport,
    engine-side layerwise reload, manifest check, version handshake) for the shipped tiny policy
@@ -9,7 +11,14 @@
    takes it; fp32 on CPU, bf16 on GPU), at each bucket size. The tensors are already in host
    (CPU) or device (GPU) memory, as the learner's gathered tensors are. Median of ``--repeats``.
    On GPU the script also projects a 14B (bf16, 29.5 GB) colocated sync from the best GB/s.
-2. **Rollout**: generated tokens/s of the ``hf`` and ``vllm`` engines on the tiny recipe's
+2. **Transports** (``--transports``): GB/s of ``push_weights`` from this process into
+   ``--receivers`` receiver processes per transport, side by side on the same tensors and bucket
+   size: pack, move, and each receiver's copy-out (``BucketReceiver.open``), no engine. Calls
+   reach the receivers over a multiprocessing queue (standing in for Ray's RPC; ``bytes``
+   buckets travel through it, as they travel through Ray's object store). ``broadcast`` runs
+   over gloo on CPU, NCCL on GPU (the receivers then take GPUs 1..R). Prints each transport's
+   GB/s over shm's and bytes'.
+3. **Rollout**: generated tokens/s of the ``hf`` and ``vllm`` engines on the tiny recipe's
    rollout (64 prompts x 8 samples, temperature 1, up to 8 new tokens), the two engines
    interleaved ``--repeats`` times so machine noise hits both alike; the ratio is the figure.
 """
@@ -90,6 +99,130 @@ def bench_sync(model_dir: Path, buckets_mb: list[int], repeats: int, on_gpu: boo
     return rows
 
 
+def _receiver_process(requests, answers, device: str) -> None:
+    """A receiving process: copies every bucket out (as an engine would) and counts the tensors."""
+    from pc_megatron.weight_sync.transport import BucketReceiver
+
+    torch.set_num_threads(1)
+    receiver, received = BucketReceiver(device), 0
+    while True:
+        call, *args = requests.get()
+        try:
+            if call == "stop":
+                receiver.leave()
+                return
+            if call == "join":
+                answer = receiver.join(*args)
+            elif call == "begin":
+                received, answer = 0, None
+            elif call == "load":
+                received += len(receiver.open(args[0]))
+                answer = received
+            else:  # "end"
+                receiver.close()
+                answer = args[0] if args[0] >= 0 and received == args[1] else None
+        except Exception as e:
+            answer = RuntimeError(f"{type(e).__name__}: {e}")
+        answers.put(answer)
+
+
+class _Receiver:
+    """A receiver process as a (collective) sync target; calls and answers go over queues."""
+
+    def __init__(self, ctx, device: str) -> None:
+        self.requests, self.answers = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=_receiver_process, args=(self.requests, self.answers, device), daemon=True)
+        self.proc.start()
+
+    def call(self, *message):
+        self.requests.put(message)
+        return self.finish_load(None)
+
+    def begin_sync(self) -> None:
+        self.call("begin")
+
+    def start_load(self, handle: dict) -> None:
+        self.requests.put(("load", handle))
+
+    def finish_load(self, pending: None):
+        got = self.answers.get(timeout=600)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def load_bucket(self, handle: dict) -> int:
+        return self.call("load", handle)
+
+    def end_sync(self, version: int, sent: int) -> int | None:
+        return self.call("end", version, sent)
+
+    def stop(self) -> None:
+        self.requests.put(("stop",))
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def bench_transports(
+    model_dir: Path, kinds: list[str], bucket_mb: int, receivers: int, repeats: int, on_gpu: bool
+) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    from pc_megatron.weight_sync.manifest import Manifest
+    from pc_megatron.weight_sync.sharding import HFTensors
+    from pc_megatron.weight_sync.transport import BroadcastGroup, make_sender, push_weights
+
+    hf = HFTensors(model_dir)
+    device = "cuda" if on_gpu else "cpu"
+    tensors = {k: hf.read(k).to(device) for k in hf.where}
+    hf.release()
+    manifest = Manifest({n: (tuple(t.shape), t.dtype) for n, t in tensors.items()})
+    ctx = mp.get_context("spawn")
+    procs = [_Receiver(ctx, f"cuda:{i + 1}" if on_gpu else "cpu") for i in range(receivers)]
+    rows = []
+    try:
+        for kind in kinds:
+            group = None
+            if kind == "broadcast":
+                group = BroadcastGroup.create("127.0.0.1", receivers, timeout_s=600, device=device)
+                for rank, proc in enumerate(procs, start=1):
+                    proc.requests.put(("join", group.info, rank))
+                group.connect()
+                for proc in procs:
+                    proc.finish_load(None)
+            sender = make_sender(kind, bucket_mb << 20, group)
+            times, stats = [], {}
+            for r in range(repeats + 1):  # the first sync warms the buffers up and is not counted
+                stats = push_weights(tensors.items(), manifest, sender, procs, version=r + 1)
+                if r:
+                    times.append(stats["weight_sync_s"])
+            sender.close()
+            if group is not None:
+                group.close()
+            s = statistics.median(times)
+            rows.append(
+                {
+                    "model": model_dir.name,
+                    "transport": kind,
+                    "receivers": receivers,
+                    "bucket_mb": bucket_mb,
+                    "bytes": int(stats["weight_sync_bytes"]),
+                    "sync_s": s,
+                    "gb_per_s": stats["weight_sync_bytes"] / s / 1e9,
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for proc in procs:
+            proc.stop()
+    rate = {r["transport"]: r["gb_per_s"] for r in rows}
+    for base in ("shm", "bytes"):
+        if base in rate:
+            ratios = {f"{k}_over_{base}": v / rate[base] for k, v in rate.items() if k != base}
+            print(json.dumps({"model": model_dir.name, **ratios}), flush=True)
+    return rows
+
+
 def bench_rollout(repeats: int) -> dict:
     from omegaconf import OmegaConf
 
@@ -134,6 +267,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-large", action="store_true", help="only the tiny policy")
     ap.add_argument("--skip-rollout", action="store_true")
+    ap.add_argument("--skip-sync", action="store_true", help="no vLLM engine sync section")
+    ap.add_argument(
+        "--transports",
+        nargs="*",
+        default=[],
+        choices=["shm", "bytes", "broadcast", "cuda_ipc"],
+        help="time these transports side by side into --receivers processes (no engine)",
+    )
+    ap.add_argument("--receivers", type=int, default=2)
+    ap.add_argument("--transport-bucket", type=int, default=256, help="bucket size (MB) of the transport section")
     ap.add_argument("--out", help="write all rows as JSON here")
     args = ap.parse_args()
     on_gpu = torch.cuda.is_available()
@@ -141,9 +284,21 @@ def main() -> None:
 
     tiny = next(p for p in sorted(SHIPPED.iterdir()) if (p / "model.safetensors").is_file())
     result: dict = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "sync": []}
-    result["sync"] += bench_sync(tiny, args.buckets[:2], args.repeats, on_gpu)
+    big = None
     if not args.skip_large:
         big = random_qwen(Path(args.workdir) / "qwen2.5-0.5b-random", torch.bfloat16 if on_gpu else torch.float32)
+    if args.transports:
+        result["transports"] = [
+            row
+            for model in (tiny, big)
+            if model is not None
+            for row in bench_transports(
+                model, args.transports, args.transport_bucket, args.receivers, args.repeats, on_gpu
+            )
+        ]
+    if not args.skip_sync:
+        result["sync"] += bench_sync(tiny, args.buckets[:2], args.repeats, on_gpu)
+    if big is not None and not args.skip_sync:
         result["sync"] += bench_sync(big, args.buckets, args.repeats, on_gpu)
         if on_gpu:  # the colocated GPU path is what a 14B run uses
             best = max(r["gb_per_s"] for r in result["sync"] if r["model"] == big.name)

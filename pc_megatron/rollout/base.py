@@ -113,14 +113,28 @@ class WeightSyncConfig:
     """Bucket size: tensors are packed into one buffer of this size per transfer."""
     transport: str = "auto"
     """'auto' (cuda_ipc on GPU and shm on CPU for engines on the learner's node, bytes through
-    Ray's object store for other nodes), 'cuda_ipc', 'shm', 'bytes'."""
+    Ray's object store for other nodes; under runtime=ray on GPU with ray.placement=split,
+    broadcast), 'cuda_ipc', 'shm', 'bytes', 'broadcast' (runtime=ray only: one NCCL (GPU) or
+    gloo (CPU) broadcast per bucket from the learner's rank 0 into every engine process, for
+    engines on other GPUs or nodes; on GPU it needs ray.placement=split)."""
+
+    TRANSPORTS = ("auto", "cuda_ipc", "shm", "bytes", "broadcast")
 
     def validate(self) -> None:
         if self.bucket_mb < 1:
             raise ConfigError("rollout.weight_sync.bucket_mb must be >= 1")
-        if self.transport not in ("auto", "cuda_ipc", "shm", "bytes"):
+        if self.transport not in self.TRANSPORTS:
             raise ConfigError(
-                f"rollout.weight_sync.transport: '{self.transport}' is not one of auto, cuda_ipc, shm, bytes"
+                f"rollout.weight_sync.transport: '{self.transport}' is not one of {', '.join(self.TRANSPORTS)}"
+            )
+
+    def check_runtime(self, runtime: str) -> None:
+        """The transport fits ``runtime``: broadcast sends from a learner in another process, so
+        runtime=local (learner and engine in one process) has nothing to broadcast to."""
+        if self.transport == "broadcast" and runtime != "ray":
+            raise ConfigError(
+                "rollout.weight_sync.transport=broadcast needs runtime=ray (it sends from the learner to engines "
+                "in other processes); with runtime=local use auto"
             )
 
 

@@ -45,6 +45,14 @@ class HFEngine:
     def begin_sync(self) -> None:
         self._staged = {}
 
+    def sync_ranks(self) -> int:
+        """Processes that receive a broadcast sync: this one."""
+        return 1
+
+    def join_group(self, info: dict, first_rank: int) -> str:
+        """Join the broadcast transport's group (``weight_sync.transport.BroadcastGroup``)."""
+        return self._receiver.join(info, first_rank)
+
     def load_bucket(self, handle: dict) -> int:
         tensors = self._receiver.open(handle)
         self._staged.update(tensors)
@@ -64,7 +72,8 @@ class HFEngine:
         """Nothing to release: the model lives in the training process."""
 
     def close(self) -> None:
-        """Nothing to stop."""
+        """Nothing to stop but a broadcast group's membership."""
+        self._receiver.leave()
 
     @torch.no_grad()
     def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:

@@ -108,7 +108,9 @@ class VllmEngine:
             disable_log_stats=True,
             **kwargs,
         )
-        self.sender = make_sender(transport, cfg.weight_sync.bucket_mb << 20)
+        # broadcast: the workers receive from a learner in another process (runtime=ray) that
+        # drives the sync; this engine's own update_weights has nothing to send with
+        self.sender = None if transport == "broadcast" else make_sender(transport, cfg.weight_sync.bucket_mb << 20)
         self.weight_version = 0
         self._asleep = False
 
@@ -142,11 +144,24 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        if self.sender is None:
+            raise ConfigError(
+                "rollout.weight_sync.transport=broadcast sends from a learner in another process: it needs "
+                "runtime=ray (use auto, shm or cuda_ipc with runtime=local)"
+            )
         return push_weights(named_tensors, self.manifest, self.sender, [self], version)
 
     def begin_sync(self) -> None:
         self._wake(["weights"])
         self._rpc("pcm_begin_sync")
+
+    def sync_ranks(self) -> int:
+        """Processes that receive a broadcast sync: one per vLLM worker."""
+        return len(self.llm.collective_rpc("pcm_weight_version"))
+
+    def join_group(self, info: dict, first_rank: int) -> str:
+        """Every worker joins the broadcast transport's group, worker w as ``first_rank + w``."""
+        return self._rpc("pcm_join_group", info, first_rank)
 
     def load_bucket(self, handle: dict) -> int:
         return self._rpc("pcm_load_bucket", handle)
@@ -211,7 +226,8 @@ class VllmEngine:
         ]
 
     def close(self) -> None:
-        self.sender.close()
+        if self.sender is not None:
+            self.sender.close()
         engine = getattr(self.llm, "llm_engine", None)
         core = getattr(engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):

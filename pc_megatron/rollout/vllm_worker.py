@@ -39,17 +39,26 @@ class WeightSyncExtension:
     def pcm_weight_version(self) -> int | None:
         return self._pcm_version
 
+    def _pcm_bucket_receiver(self) -> Any:
+        from pc_megatron.weight_sync.transport import BucketReceiver
+
+        if self._pcm_receiver is None:
+            self._pcm_receiver = BucketReceiver(self.device)
+            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietExpected())
+        return self._pcm_receiver
+
+    def pcm_join_group(self, info: dict, first_rank: int) -> str:
+        """Join the ``broadcast`` transport's group (rank ``first_rank`` + this worker's rank in
+        the engine); the membership lasts across syncs. Returns the group key."""
+        return self._pcm_bucket_receiver().join(info, first_rank + self.rank)
+
     def pcm_begin_sync(self) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
 
-        from pc_megatron.weight_sync.transport import BucketReceiver
-
         self._pcm_version = None
         self._pcm_received = 0
-        if self._pcm_receiver is None:
-            self._pcm_receiver = BucketReceiver(self.device)
-            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietExpected())
+        self._pcm_bucket_receiver()
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self.model_runner.model)
 

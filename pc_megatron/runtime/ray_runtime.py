@@ -10,7 +10,9 @@ node address and a free port as the rendezvous). A call fans out to every rank a
 0's result (every rank returns the same one). Weight sync: every rank walks the export in
 lockstep (gathers and broadcasts are collective); rank 0 packs the buckets and loads them into
 every replica (``weight_sync.transport.push_weights``): shared memory or CUDA IPC when all
-replicas are on its node, else through Ray's object store.
+replicas are on its node, else through Ray's object store; on GPU with ``split`` placement (or
+``transport=broadcast``) one NCCL/gloo broadcast per bucket from rank 0 into every engine process,
+over a process group of their own that rank 0 builds on the first sync and keeps.
 
 Fleet: a request list is split into contiguous slices balanced by samples, one per replica; each
 replica samples with the request list's global prompt indices (``first_prompt``), so K replicas
@@ -147,6 +149,7 @@ class LearnerWorker:
         self.rank, self.world = rank, world
         torch.set_num_threads(threads)
         self.learner = None
+        self._group: tuple[list, Any] | None = None  # rank 0: (engines, BroadcastGroup) of the broadcast transport
 
     def address(self) -> tuple[str, int]:
         return _node_ip(), _free_port()
@@ -180,12 +183,53 @@ class LearnerWorker:
             return None
         from pc_megatron.weight_sync.transport import make_sender, push_weights
 
-        sender = make_sender(transport, bucket_bytes)
+        group = self._broadcast_group(engines, timeout_s) if transport == "broadcast" else None
+        sender = make_sender(transport, bucket_bytes, group)
         try:
             targets = [_RemoteEngine(e, i, timeout_s) for i, e in enumerate(engines)]
             return push_weights(named, manifest, sender, targets, self.learner.version)
         finally:
             sender.close()
+
+    def _broadcast_group(self, engines: list, timeout_s: float) -> Any:
+        """Rank 0's broadcast group with every engine process, built on the first sync and kept
+        while the engines are the same actors and the group is up (a failed collective closes
+        it; the next sync builds a new one, which the engines see by its new key). The engines'
+        join calls are started first, then rank 0 connects, all within ``timeout_s``."""
+        import ray
+        import torch
+
+        from pc_megatron.weight_sync.transport import BroadcastGroup
+
+        if self._group is not None:
+            old_engines, group = self._group
+            if old_engines == engines and group.alive:
+                return group
+            group.close()
+            self._group = None
+        names = [f"engine replica {i}" for i in range(len(engines))]
+        counts = _get([e.sync_ranks.remote() for e in engines], names, timeout_s)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        group = BroadcastGroup.create(_node_ip(), sum(counts), timeout_s, device)
+        refs, rank_names, first = [], [], 1
+        for e, n, name in zip(engines, counts, names, strict=True):
+            refs.append(e.join_group.remote(group.info, first))
+            rank_names += [name if n == 1 else f"{name} (worker {w})" for w in range(n)]
+            first += n
+
+        def poll() -> None:  # a join call that ended before the group is up failed: say why now
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in done:
+                _get([ref], [names[refs.index(ref)]], timeout_s)
+
+        try:
+            group.connect(rank_names, poll)
+            _get(refs, names, timeout_s)
+        except BaseException:
+            group.close()
+            raise
+        self._group = (list(engines), group)
+        return group
 
 
 class EngineWorker:
@@ -210,6 +254,14 @@ class EngineWorker:
 
     def begin_sync(self) -> None:
         self.engine.begin_sync()
+
+    def sync_ranks(self) -> int:
+        """Processes that receive a broadcast sync (this actor, or each vLLM worker)."""
+        return self.engine.sync_ranks()
+
+    def join_group(self, info: dict, first_rank: int) -> str:
+        """Join the broadcast group as ranks ``first_rank``..``first_rank + sync_ranks() - 1``."""
+        return self.engine.join_group(info, first_rank)
 
     def load_bucket(self, handle: dict) -> int:
         return self.engine.load_bucket(handle)
@@ -237,7 +289,13 @@ class _RemoteEngine:
         self._get(self.handle.begin_sync.remote())
 
     def load_bucket(self, handle: dict) -> int:
-        return self._get(self.handle.load_bucket.remote(handle))
+        return self.finish_load(self.start_load(handle))
+
+    def start_load(self, handle: dict) -> Any:
+        return self.handle.load_bucket.remote(handle)
+
+    def finish_load(self, pending: Any) -> int:
+        return self._get(pending)
 
     def end_sync(self, version: int, sent: int) -> int | None:
         return self._get(self.handle.end_sync.remote(version, sent))
@@ -434,6 +492,22 @@ class RayRolloutFleet:
         ray.get([e.close.remote() for e in self.engines], timeout=60)
 
 
+def choose_transport(transport: str, on_gpu: bool, placement: str, same_node: bool) -> str:
+    """The weight-sync transport of a runtime=ray run: ``auto`` is broadcast (NCCL) for engines
+    on GPUs of their own (split), else CUDA IPC on GPU or shared memory on CPU for engines on
+    rank 0's node, and bytes through Ray's object store for other nodes."""
+    if transport == "auto":
+        if on_gpu and placement == "split":
+            return "broadcast"
+        return ("cuda_ipc" if on_gpu else "shm") if same_node else "bytes"
+    if transport == "broadcast" and on_gpu and placement == "colocated":
+        raise ConfigError(
+            "rollout.weight_sync.transport=broadcast on GPU needs ray.placement=split: NCCL takes one "
+            "process per GPU, and colocated engines share the learner's GPUs (use auto or cuda_ipc)"
+        )
+    return transport
+
+
 class RayRuntime:
     def __init__(self, cfg: Any, policy_dir: Path, run_dir: Path) -> None:
         import ray
@@ -491,9 +565,7 @@ class RayRuntime:
         ]
         self.fleet = RayRolloutFleet(engines, [b.node for b in engine_bundles], rc.timeout_s)
         same_node = {b.node for b in engine_bundles} == {self.bundles[0].node}
-        transport = rc.weight_sync.transport
-        if transport == "auto":
-            transport = ("cuda_ipc" if on_gpu else "shm") if same_node else "bytes"
+        transport = choose_transport(rc.weight_sync.transport, on_gpu, rcfg.placement, same_node)
         self.transport, self.bucket_bytes = transport, rc.weight_sync.bucket_mb << 20
         placement = {
             "learner": self.learner.nodes,

@@ -15,6 +15,12 @@ Transports:
   it through its object store).
 - ``cuda_ipc`` (GPU, engine on the same node): one CUDA buffer shared by a CUDA IPC handle,
   device to device, no host copy.
+- ``broadcast`` (engines in other processes, on other GPUs or nodes): the sender and every
+  receiving process form one standalone process group (``BroadcastGroup``: NCCL on GPU, gloo on
+  CPU); the handle carries only the bucket's metadata and each bucket is one broadcast from
+  rank 0 into a buffer the receiver keeps. Collective: every receiver must be inside the
+  broadcast before the sender sends, so ``push_weights`` starts every target's load, sends, then
+  waits for the loads (``collective`` senders, ``CollectiveSyncTarget``).
 
 Nothing here imports vLLM: the engine side (``rollout/vllm_worker.py``) opens each handle with
 ``BucketReceiver.open``.
@@ -22,17 +28,20 @@ Nothing here imports vLLM: the engine side (``rollout/vllm_worker.py``) opens ea
 
 from __future__ import annotations
 
+import datetime
+import gc
 import os
 import pickle
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from pc_megatron.errors import TrainingError
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
 
 SHM_DIR = Path("/dev/shm")
@@ -198,10 +207,181 @@ class BytesSender:
         pass
 
 
-Sender = LocalSender | SharedMemorySender | CudaIpcSender | BytesSender
+def _broadcast_options() -> Any:
+    opts = torch.distributed.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    return opts
 
 
-def make_sender(kind: str, bucket_bytes: int) -> Sender:
+class BroadcastGroup:
+    """One member of the ``broadcast`` transport's process group: rank 0 sends (the learner's
+    rank 0), ranks 1..size-1 receive (every process that loads weights into an engine).
+
+    The group stands alone: its own ``TCPStore`` (rank 0 is the master, on a free port of
+    ``host``) under a prefix named by the group's ``key``, and a ``ProcessGroupGloo`` (CPU) or
+    ``ProcessGroupNCCL`` (GPU) built on it directly, so the members' own torch.distributed worlds
+    (the learner's, vLLM's) are untouched. A new group has a new key: a member asked to join a
+    group it is not in leaves its old one first, and a handle of another group is refused.
+
+    Setup is collective: rank 0 ``create``s the group (the store only), the receivers ``join``
+    with its ``info`` while rank 0 ``connect``s; rank 0 first waits for every receiver to check
+    in at the store, so a receiver that never comes is one clear error at the deadline (naming
+    it), not a hang in the backend's rendezvous. Every collective has the same deadline."""
+
+    def __init__(self, info: dict, rank: int, device: torch.device, store: Any) -> None:
+        self.info, self.rank, self.device = info, rank, device
+        self.key: str = info["key"]
+        self.size: int = info["size"]
+        self.timeout = datetime.timedelta(seconds=info["timeout_s"])
+        self._store = store  # the master store lives as long as the group (rank 0)
+        self._prefixed = torch.distributed.PrefixStore(f"pcm-sync/{self.key}/", store)
+        self.pg: Any = None
+
+    @property
+    def alive(self) -> bool:
+        """Set up and not closed."""
+        return self.pg is not None
+
+    @staticmethod
+    def _device(device: torch.device | str) -> torch.device:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+
+    @classmethod
+    def create(cls, host: str, receivers: int, timeout_s: float, device: torch.device | str = "cpu") -> BroadcastGroup:
+        """Rank 0: the store (listening on a free port; ``info["port"]``) of a group of
+        ``receivers`` + 1 members; the receivers can ``join`` once it exists."""
+        device = cls._device(device)
+        store = torch.distributed.TCPStore(
+            host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+        )
+        info = {
+            "host": host,
+            "port": store.port,
+            "key": uuid.uuid4().hex,
+            "size": receivers + 1,
+            "backend": "nccl" if device.type == "cuda" else "gloo",
+            "timeout_s": float(timeout_s),
+        }
+        return cls(info, 0, device, store)
+
+    @classmethod
+    def join(cls, info: dict, rank: int, device: torch.device | str = "cpu") -> BroadcastGroup:
+        """A receiver (``1 <= rank < size``): check in at rank 0's store and take part in the
+        group's setup; returns once the group is up."""
+        if not 1 <= rank < info["size"]:
+            raise ValueError(f"broadcast group rank {rank} is not a receiver rank (1..{info['size'] - 1})")
+        device = cls._device(device)
+        if info["backend"] == "nccl" and device.type != "cuda":
+            raise WeightSyncError(
+                "the broadcast weight sync runs over NCCL (the learner is on GPU): the engine must be too"
+            )
+        timeout = datetime.timedelta(seconds=info["timeout_s"])
+        store = torch.distributed.TCPStore(info["host"], info["port"], None, False, timeout, wait_for_workers=False)
+        group = cls(info, rank, device, store)
+        group._prefixed.set(f"joined/{rank}", str(os.getpid()))
+        group._start()
+        return group
+
+    def connect(self, names: list[str] | None = None, poll: Callable[[], None] | None = None) -> None:
+        """Rank 0, after the receivers' ``join`` calls were started: wait (until the deadline)
+        for every receiver to check in, then build the group. ``names[r - 1]`` names rank r in
+        the error; ``poll`` runs between checks (it may raise, e.g. when a receiver's call failed)."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        ranks = range(1, self.size)
+        while True:
+            missing = [r for r in ranks if not self._prefixed.check([f"joined/{r}"])]
+            if not missing:
+                break
+            if poll is not None:
+                poll()
+            if time.monotonic() > deadline:
+                self.close()
+                who = ", ".join(names[r - 1] if names else f"rank {r}" for r in missing)
+                raise TrainingError(
+                    f"broadcast weight sync: {who} did not join the group within "
+                    f"{self.timeout.total_seconds():g} s (a dead or hung engine process)"
+                )
+            time.sleep(0.02)
+        self._start()
+
+    def _start(self) -> None:
+        store, rank, size = self._prefixed, self.rank, self.size
+        if self.info["backend"] == "nccl":
+            from torch.distributed import ProcessGroupNCCL
+
+            torch.cuda.set_device(self.device)
+            opts = ProcessGroupNCCL.Options()
+            opts._timeout = self.timeout
+            self.pg = ProcessGroupNCCL(store, rank, size, opts)
+        else:
+            self.pg = torch.distributed.ProcessGroupGloo(store, rank, size, self.timeout)
+        # one tiny broadcast: the backend is connected on every member when setup returns
+        probe = torch.zeros(1, dtype=torch.uint8, device=self.buffer_device)
+        self.broadcast(probe)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    @property
+    def buffer_device(self) -> torch.device:
+        """Where broadcast buffers live: the GPU for NCCL, host memory for gloo."""
+        return self.device if self.info["backend"] == "nccl" else torch.device("cpu")
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Rank 0's ``tensor`` into every member's ``tensor`` (same size; stream-ordered on GPU)."""
+        if self.pg is None:
+            raise WeightSyncError(f"broadcast weight sync: group {self.key[:8]} is closed")
+        self.pg.broadcast([tensor], _broadcast_options()).wait()
+
+    def close(self) -> None:
+        """Leave the group. Dropping the backend closes its connections, so a peer waiting in a
+        broadcast fails at once instead of at the deadline (gloo's abort does not do that)."""
+        if self.pg is not None and self.info["backend"] == "nccl":
+            self.pg.abort()
+        self.pg, self._store, self._prefixed = None, None, None
+        gc.collect()
+
+
+class BroadcastSender:
+    """GPU or CPU transport to engines in other processes: packs each bucket into one reusable
+    buffer on the group's device and broadcasts it (``send``) once every receiver is waiting."""
+
+    kind = "broadcast"
+    collective = True
+
+    def __init__(self, bucket_bytes: int, group: BroadcastGroup) -> None:
+        self.bucket_bytes, self.group = bucket_bytes, group
+        self.buffer: torch.Tensor | None = None
+
+    def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
+        metas, nbytes = _layout(tensors)
+        if self.buffer is None or self.buffer.numel() < nbytes:
+            self.buffer = None
+            self.buffer = torch.empty(
+                max(nbytes, self.bucket_bytes), dtype=torch.uint8, device=self.group.buffer_device
+            )
+        _pack(self.buffer, [(n, t.detach().to(self.buffer.device)) for n, t in tensors], metas)
+        return {"kind": self.kind, "group": self.group.key, "nbytes": nbytes, "metas": _plain(metas)}
+
+    def send(self, handle: dict) -> None:
+        """The packed bucket to every receiver (they are inside their ``open`` of ``handle``)."""
+        self.group.broadcast(self.buffer[: handle["nbytes"]])
+
+    def abort(self) -> None:
+        """A collective step failed: tear the group down so no receiver waits on it (the caller
+        builds a new group for the next sync)."""
+        self.group.close()
+
+    def close(self) -> None:
+        self.buffer = None  # the group outlives the sync: its owner closes it
+
+
+Sender = LocalSender | SharedMemorySender | CudaIpcSender | BytesSender | BroadcastSender
+
+
+def make_sender(kind: str, bucket_bytes: int, group: BroadcastGroup | None = None) -> Sender:
     if kind == "local":
         return LocalSender(bucket_bytes)
     if kind == "shm":
@@ -210,17 +390,55 @@ def make_sender(kind: str, bucket_bytes: int) -> Sender:
         return BytesSender(bucket_bytes)
     if kind == "cuda_ipc":
         return CudaIpcSender(bucket_bytes)
+    if kind == "broadcast":
+        if group is None or not group.alive:
+            raise ValueError("the broadcast transport sends through a BroadcastGroup (rank 0's); none was given")
+        return BroadcastSender(bucket_bytes, group)
     raise ValueError(f"unknown weight-sync transport '{kind}'")
 
 
 class BucketReceiver:
     """The engine side: opens a handle's buffer (kept open across buckets of the same buffer)
-    and returns copies of its tensors on ``device``."""
+    and returns copies of its tensors on ``device``. For the ``broadcast`` transport it is also
+    this process's member of the group (``join``), kept across syncs."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self._key: str | None = None
         self._buffer: torch.Tensor | None = None
+        self.group: BroadcastGroup | None = None
+
+    def join(self, info: dict, rank: int) -> str:
+        """Be rank ``rank`` of the broadcast group ``info`` (rank 0's ``BroadcastGroup.info``);
+        a no-op when already in it, else the old group is left first. Returns the group key."""
+        if self.group is not None and self.group.key == info["key"] and self.group.alive:
+            return self.group.key
+        self.leave()
+        self.group = BroadcastGroup.join(info, rank, self.device)
+        return self.group.key
+
+    def leave(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+    def _receive(self, handle: dict) -> torch.Tensor:
+        group = self.group
+        if group is None or not group.alive or group.key != handle["group"]:
+            raise WeightSyncError(
+                f"broadcast weight sync: this engine process is not in group {handle['group'][:8]} "
+                "(it never joined, or a newer group replaced it)"
+            )
+        nbytes = handle["nbytes"]
+        if self._key != group.key or self._buffer is None or self._buffer.numel() < nbytes:
+            self._buffer = None
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8, device=group.buffer_device)
+        try:
+            group.broadcast(self._buffer[:nbytes])
+        except Exception:
+            self.leave()  # a failed collective leaves the group unusable; the sender builds a new one
+            raise
+        return self._buffer
 
     def open(self, handle: dict) -> list[tuple[str, torch.Tensor]]:
         kind = handle["kind"]
@@ -230,7 +448,10 @@ class BucketReceiver:
         if kind == "bytes":
             buffer = torch.frombuffer(bytearray(handle["data"]), dtype=torch.uint8)
             return [(n, t.to(self.device)) for n, t in _unpack(buffer, metas)]
-        if kind == "shm":
+        if kind == "broadcast":
+            self._buffer = self._receive(handle)
+            key = handle["group"]
+        elif kind == "shm":
             key = handle["path"]
             if key != self._key:
                 self._buffer = torch.from_file(key, shared=True, size=handle["size"], dtype=torch.uint8)
@@ -247,6 +468,7 @@ class BucketReceiver:
         return [(n, t.to(self.device)) for n, t in _unpack(self._buffer, metas)]
 
     def close(self) -> None:
+        """End of a sync: drop the buffer (the broadcast group, if any, stays for the next one)."""
         self._key, self._buffer = None, None
 
 
@@ -266,6 +488,19 @@ class SyncTarget(Protocol):
         ...
 
 
+class CollectiveSyncTarget(SyncTarget, Protocol):
+    """A target of a ``collective`` sender (``broadcast``): a bucket's load is started on every
+    target, the sender sends, then every load is finished (``load_bucket`` = start, then finish)."""
+
+    def start_load(self, handle: dict) -> Any:
+        """Start loading one bucket without waiting for it; returns what ``finish_load`` takes."""
+        ...
+
+    def finish_load(self, pending: Any) -> int:
+        """Wait for a started load; returns how many tensors it took."""
+        ...
+
+
 def push_weights(
     named: Iterable[tuple[str, torch.Tensor]],
     manifest: Manifest,
@@ -275,19 +510,36 @@ def push_weights(
 ) -> dict[str, float]:
     """Stream ``named`` into every target as ``version``: each tensor checked against the
     manifest, packed once per bucket, loaded by every target. Any failure closes the sync on
-    every target with version -1 and raises; otherwise every target must report ``version``."""
+    every target with version -1 and raises; otherwise every target must report ``version``.
+
+    A ``collective`` sender (``broadcast``) needs ``CollectiveSyncTarget``s: each bucket's load
+    starts on every target, then the sender sends, then the loads are waited for; a failure with
+    a bucket in flight aborts the sender's group first, so no target waits on it."""
     t0 = time.perf_counter()
+    collective = getattr(sender, "collective", False)
     for target in targets:
         target.begin_sync()
-    sent, nbytes, ok = 0, 0, False
+    sent, nbytes, ok, in_flight = 0, 0, False, False
     try:
         for bucket in buckets(manifest.checked(named), sender.bucket_bytes):
             handle = sender.pack(bucket)
-            for target in targets:
-                target.load_bucket(handle)
+            if collective:
+                in_flight = True
+                pending = [target.start_load(handle) for target in targets]
+                sender.send(handle)
+                for target, p in zip(targets, pending, strict=True):
+                    target.finish_load(p)
+                in_flight = False
+            else:
+                for target in targets:
+                    target.load_bucket(handle)
             sent += len(bucket)
             nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
         ok = True
+    except BaseException:
+        if in_flight:
+            sender.abort()
+        raise
     finally:
         served = [target.end_sync(version if ok else -1, sent) for target in targets]
     if any(v != version for v in served):
