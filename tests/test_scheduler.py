@@ -144,7 +144,7 @@ def test_resuming_from_any_step_reproduces_the_uninterrupted_run(cfg, seed, cut)
 
 
 def test_deferred_prompts_come_back_next_epoch_and_evicted_never_do():
-    cfg = SchedulerConfig(policy="pilot_commit", bind=False, gen_prompts_multiplier=3)
+    cfg = SchedulerConfig(policy="pilot_commit", bind=False, gen_prompts_multiplier=3, evict_min_pass_rate=0.0)
     sched, oracle, _ = run(cfg, 60, num_prompts=24)
     assert sched.epoch >= 3
     pilots = [p for call in oracle.requests for p, _, phase, _ in call if phase == "pilot"]
@@ -232,10 +232,14 @@ def test_pass_rate_lower_bound_matches_the_closed_form_and_guards_eviction():
     assert pass_rate_lower_bound(0, 8) == 0.0
     assert pass_rate_lower_bound(4, 8) < 0.5 < pass_rate_lower_bound(8, 8)
     # the recipe's rule evicts every prompt whose 2-sample pilot is all correct; the guard does not
-    cfg = SchedulerConfig(policy="pilot_commit", pilot_samples=2, bind=False)
+    cfg = SchedulerConfig(policy="pilot_commit", pilot_samples=2, bind=False, evict_min_pass_rate=0.0)
     evicting, _, _ = run(cfg, 10)
     guarded, _, _ = run(dataclasses.replace(cfg, evict_min_pass_rate=0.9), 10)
     assert evicting.counts["evicted"] > 0 and guarded.counts["evicted"] == 0
+    # the default scales the guard with the pilot: on below 16 samples, the recipe's rule from 16 on
+    auto = dataclasses.replace(cfg, evict_min_pass_rate=-1.0)
+    assert Scheduler(auto, 40, 4, 8, 0).evict_guard == 0.9
+    assert Scheduler(dataclasses.replace(auto, pilot_samples=16), 40, 4, 64, 0).evict_guard == 0.0
     # with 32-sample pilots the guard lets all-correct pilots evict, as the recipe does at n = 128
     big, _, _ = run(dataclasses.replace(cfg, pilot_samples=32, evict_min_pass_rate=0.9), 5, n=64)
     assert big.counts["evicted"] > 0

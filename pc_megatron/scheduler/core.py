@@ -60,11 +60,14 @@ class SchedulerConfig:
     """Keep pilots with p̂ <= p_upper (inclusive); above: skipped this epoch."""
     p_evict: float = 1.0
     """Evict permanently at p̂ >= p_evict (1.0 = all pilot samples correct; > 1 = never evict)."""
-    evict_min_pass_rate: float = 0.0
+    evict_min_pass_rate: float = -1.0
     """Also require the pilot to show, with 95% confidence (Clopper-Pearson lower bound), a pass
     rate of at least this before evicting; 0 = the recipe's rule alone. With 0.9, an all-correct
     pilot of 32 evicts (bound 0.911, the recipe's behaviour at n=128) but one of 2 or 8 does not
-    (bounds 0.22, 0.69): a small pilot cannot tell p = 0.9 from p = 1."""
+    (bounds 0.22, 0.69): a small pilot cannot tell p = 0.9 from p = 1 (8 of 8 happens to 43% of
+    p = 0.9 prompts), and evicting those removed prompts the model still needed (the default
+    recipe's n = 8 run ended below its start). -1 (default) = scaled with the pilot: 0.9 below 16
+    pilot samples, the recipe's rule (0) from 16 on."""
     buffer_capacity: int = 0
     """Replay-buffer size cap, enforced after each round (oldest dropped first); 0 = 4 x B."""
     max_off_steps: int = 4
@@ -108,8 +111,10 @@ class SchedulerConfig:
             raise ConfigError("scheduler: need 0 <= p_lower <= p_upper <= 1 and p_evict > p_upper (> 1: never evict)")
         if self.gen_prompts_multiplier < 1 or self.max_rounds < 1 or self.max_off_steps < 0:
             raise ConfigError("scheduler: gen_prompts_multiplier and max_rounds must be >= 1, max_off_steps >= 0")
-        if not 0 <= self.evict_min_pass_rate <= 1:
-            raise ConfigError("scheduler.evict_min_pass_rate must be in [0, 1] (0 = the recipe's eviction rule)")
+        if not (0 <= self.evict_min_pass_rate <= 1 or self.evict_min_pass_rate == -1):
+            raise ConfigError(
+                "scheduler.evict_min_pass_rate must be in [0, 1] (0 = the recipe's eviction rule) or -1 (scaled with n)"
+            )
         if not (1 <= self.adaptive_pilot and 0 <= self.adaptive_skip_below <= self.adaptive_direct_above <= 1):
             raise ConfigError(
                 "scheduler: need adaptive_pilot >= 1 and 0 <= adaptive_skip_below <= adaptive_direct_above <= 1"
@@ -209,6 +214,8 @@ class Scheduler:
                 "make it smaller than algo.samples_per_prompt"
             )
         self.capacity = cfg.buffer_capacity or 4 * prompts_per_step
+        guard = cfg.evict_min_pass_rate
+        self.evict_guard = guard if guard >= 0 else (0.9 if self.n_p < 16 else 0.0)
         self.epoch, self.cursor = 0, 0
         self.state: dict[int, str] = dict.fromkeys(range(num_prompts), "fresh")
         # fresh | used (drawn this epoch) | buffered | deferred (to the next epoch) | evicted
@@ -364,7 +371,7 @@ class Scheduler:
         c, correct = self.cfg, sum(s.correct for s in entry.samples)
         p_hat = correct / len(entry.samples)
         self.pilot_hist[correct] += 1
-        if p_hat >= c.p_evict and pass_rate_lower_bound(correct, len(entry.samples)) >= c.evict_min_pass_rate:
+        if p_hat >= c.p_evict and pass_rate_lower_bound(correct, len(entry.samples)) >= self.evict_guard:
             self.state[entry.prompt] = "evicted"
             self.counts["evicted"] += 1
         elif p_hat > c.p_upper:
