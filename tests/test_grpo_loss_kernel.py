@@ -1,7 +1,8 @@
-"""kernels.grpo_loss: Triton kernels (interpreter on CPU) against float64 references.
+"""kernels.grpo_loss: Triton kernels against float64 references.
 
-CPU: runs with TRITON_INTERPRET=1 (set in conftest) at small shapes. The bf16-vs-fp32
-tolerance test on real hardware is marked ``gpu``.
+CPU: runs with TRITON_INTERPRET=1 (set in conftest) at small shapes. With CUDA the same tests
+run the compiled kernels on the GPU (every input is made on ``DEVICE``); the bf16-vs-fp32
+tolerance test at a realistic vocabulary is marked ``gpu``.
 """
 
 import pytest
@@ -16,6 +17,8 @@ from kernels.grpo_loss import (
     logprob_entropy,
 )
 from kernels.grpo_loss.reference import clipped_surrogate, logprob_entropy_reference
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def reference_loss(logits, targets, old, adv, mask, temperature, clip_low=0.2, clip_high=0.28, ref=None, kl=0.0):
@@ -33,7 +36,7 @@ def inputs(T, V, seed, dtype=torch.float32):
     old = logp.float() + 0.3 * torch.randn(T, generator=g)  # ratios around 1, some clipped
     adv = torch.randn(T, generator=g)
     mask = (torch.rand(T, generator=g) > 0.25).float()
-    return logits, targets, old, adv, mask
+    return tuple(t.to(DEVICE) for t in (logits, targets, old, adv, mask))
 
 
 @pytest.mark.parametrize("V", [37, 64, 4100])  # below, at, and across the block size (4096)
@@ -45,7 +48,7 @@ def test_logprob_entropy_values_and_gradients_match_float64(V, temperature):
     xd = logits.double().requires_grad_()
     logp_ref, ent_ref = logprob_entropy_reference(xd, targets, temperature)
     assert torch.allclose(logp.double(), logp_ref, atol=2e-5) and torch.allclose(ent.double(), ent_ref, atol=2e-5)
-    g1, g2 = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)  # random upstream gradients
+    g1, g2 = torch.randn(2, 4, dtype=torch.float64, device=DEVICE)  # random upstream gradients
     (gx,) = torch.autograd.grad((logp * g1.float()).sum() + (ent * g2.float()).sum(), x)
     (gref,) = torch.autograd.grad((logp_ref * g1).sum() + (ent_ref * g2).sum(), xd)
     assert torch.allclose(gx.double(), gref, atol=1e-5)
@@ -57,7 +60,7 @@ def test_grpo_loss_and_logits_gradient_match_float64(kl):
     ref = old + 0.05 if kl else None
     x = logits.clone().requires_grad_()
     out = grpo_loss(x, targets, old, adv, mask, temperature=0.8, ref_logp=ref, kl_coef=kl, impl="triton")
-    scale = torch.randn(())
+    scale = torch.randn((), device=DEVICE)
     (out.loss * scale).backward()
     xd = logits.double().requires_grad_()
     expected = reference_loss(
@@ -70,12 +73,12 @@ def test_grpo_loss_and_logits_gradient_match_float64(kl):
 
 def test_fully_masked_rows_get_no_gradient_and_all_masked_is_zero():
     logits, targets, old, adv, _ = inputs(5, 40, seed=2)
-    mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0])
+    mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0], device=DEVICE)
     x = logits.clone().requires_grad_()
     grpo_loss(x, targets, old, adv, mask, impl="triton").loss.backward()
     assert torch.all(x.grad[mask == 0] == 0) and torch.any(x.grad[mask == 1] != 0)
     x.grad = None
-    out = grpo_loss(x, targets, old, adv, torch.zeros(5), impl="triton")
+    out = grpo_loss(x, targets, old, adv, torch.zeros(5, device=DEVICE), impl="triton")
     out.loss.backward()
     assert out.loss.item() == 0 and torch.all(x.grad == 0)
 
@@ -85,7 +88,7 @@ def test_tokens_exactly_at_the_clip_boundaries():
     exactly 1.0, i.e. on both clip boundaries at once. Clipping is inclusive, so the gradient
     still flows: d loss / d logp_t = -A_t / N for every token, in the kernel and the reference."""
     logits, targets, _, adv, _ = inputs(4, 30, seed=3)
-    mask = torch.ones(4)
+    mask = torch.ones(4, device=DEVICE)
     x = logits.clone().requires_grad_()
     with torch.no_grad():
         own_old, _ = logprob_entropy(logits, targets, 1.0, impl="triton")
@@ -112,8 +115,8 @@ def test_bf16_logits_in_the_interpreter_stay_close_to_fp32():
 def test_fused_linear_matches_explicit_logits(impl):
     g = torch.Generator().manual_seed(5)
     T, H, V = 7, 16, 45
-    hidden = torch.randn(T, H, generator=g, dtype=torch.float64).requires_grad_()
-    weight = (0.3 * torch.randn(V, H, generator=g, dtype=torch.float64)).requires_grad_()
+    hidden = torch.randn(T, H, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()
+    weight = (0.3 * torch.randn(V, H, generator=g, dtype=torch.float64)).to(DEVICE).requires_grad_()
     _, targets, old, adv, mask = inputs(T, V, seed=6)
     h32, w32 = hidden.detach().float().requires_grad_(), weight.detach().float().requires_grad_()
     out = fused_linear_grpo_loss(h32, w32, targets, old, adv, mask, temperature=0.9, chunk_size=3, impl=impl)
@@ -130,10 +133,10 @@ def test_fused_linear_matches_explicit_logits(impl):
 def test_group_advantages_kernel_matches_the_learner_reference(normalize):
     from pc_megatron.algo.advantages import group_advantages as learner_reference
 
-    rewards = torch.randint(0, 2, (5 * 6,)).float()
+    rewards = torch.randint(0, 2, (5 * 6,)).float().to(DEVICE)
     rewards[:6] = 1.0  # one degenerate group
     ours = group_advantages(rewards, 6, normalize, impl="triton")
-    ref = learner_reference(rewards, torch.arange(5).repeat_interleave(6), normalize)
+    ref = learner_reference(rewards, torch.arange(5, device=DEVICE).repeat_interleave(6), normalize)
     assert torch.allclose(ours, ref, atol=1e-5) and torch.all(ours[:6] == 0)
 
 

@@ -1,7 +1,8 @@
-"""Learner throughput: RL train-step tokens/s for a 1.5B-class random Qwen2 on one GPU, bf16
-and bf16 + FP8 (Transformer Engine), side by side in one process.
+"""Learner throughput: RL train-step and log-prob tokens/s for a 1.5B-class random Qwen2 on one GPU, bf16
+and bf16 + FP8 (Transformer Engine), side by side in one process; also the learner side of a
+weight sync (every HF-named tensor gathered: GB/s) and colocation offload / onload seconds.
 
-    python tools/bench_learner.py [--fp8-recipe delayed] [--seq 1024] [--batch 8] [--steps 5]
+    python tools/bench_learner.py [--fp8-recipe delayed] [--seq 1024] [--batch 8] [--steps 5] [--impl local]
     python tools/bench_learner.py --small      # CPU smoke test of the script itself
 
 Qwen2.5-1.5B shapes: hidden 1536, 28 layers, 12 heads, 2 kv heads, FFN 8960, vocab 151936.
@@ -29,12 +30,16 @@ def write_random_qwen2(folder: Path, small: bool) -> None:
     AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(folder)
 
 
-def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int) -> dict:
+def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, impl: str) -> dict:
     from pc_megatron.algo import LossConfig
     from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
 
     gpu = torch.cuda.is_available()
-    cfg = LearnerConfig(bf16=gpu, fp8=fp8, fp8_recipe=recipe, micro_batch_size=batch, lr=1e-6)
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    cfg = LearnerConfig(
+        bf16=gpu, fp8=fp8, fp8_recipe=recipe, micro_batch_size=batch, lr=1e-6, transformer_impl=impl,
+        offload_during_rollout=gpu,
+    )  # fmt: skip
     learner = Learner(folder, cfg, seed=0)
     vocab = learner.arch.vocab_size
     tokens = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
@@ -42,42 +47,89 @@ def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int) -
     adv = torch.linspace(-1, 1, batch, device=learner.device)
     old = learner.logprobs(data)
     learner.train_rl(data, old, adv, LossConfig(), 1.0)  # warm-up (TE autotuning, FP8 scales)
+    sync()
     if gpu:
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for _ in range(steps):
         learner.train_rl(data, old, adv, LossConfig(), 1.0)
-    if gpu:
-        torch.cuda.synchronize()
+    sync()
     dt = (time.perf_counter() - t0) / steps
     peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")
-    return {"step_s": dt, "tokens_per_s": batch * seq / dt, "peak_gib": peak}
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        learner.logprobs(data)
+    sync()
+    logprob_s = (time.perf_counter() - t0) / steps
+    # the learner side of a weight sync: every HF-named tensor gathered and materialised
+    t0, nbytes = time.perf_counter(), 0
+    for _, t in learner.hf_named_tensors():
+        nbytes += t.contiguous().numel() * t.element_size()
+    sync()
+    export_s = time.perf_counter() - t0
+    # colocation: optimizer state and gradient buffers to host and back (no-op on CPU)
+    t0 = time.perf_counter()
+    learner.offload()
+    sync()
+    offload_s = time.perf_counter() - t0
+    free_gib = torch.cuda.mem_get_info()[0] / 2**30 if gpu else float("nan")
+    t0 = time.perf_counter()
+    learner.onload()
+    sync()
+    onload_s = time.perf_counter() - t0
+    return {
+        "step_s": dt,
+        "tokens_per_s": batch * seq / dt,
+        "peak_gib": peak,
+        "logprob_tokens_per_s": batch * seq / logprob_s,
+        "export_gb_per_s": nbytes / export_s / 1e9,
+        "export_gb": nbytes / 1e9,
+        "offload_s": offload_s,
+        "onload_s": onload_s,
+        "free_gib_offloaded": free_gib,
+    }
 
 
 def main() -> None:
+    import importlib.util
+    import json
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--fp8-recipe", default="delayed")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--impl", default="auto", help="learner.transformer_impl: auto, local, transformer_engine")
     ap.add_argument("--small", action="store_true", help="tiny shapes, CPU: checks the script runs")
+    ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args()
     if not args.small and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --small for a CPU smoke test)")
+    te = importlib.util.find_spec("transformer_engine") is not None
+    modes = [""] if args.small else ["", "hybrid"]
+    if "hybrid" in modes and not te:
+        print("fp8: skipped (transformer_engine is not installed; FP8 GEMMs go through TE)")
+        modes.remove("hybrid")
+    base = "bf16" if torch.cuda.is_available() else "fp32"
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "qwen2"
         write_random_qwen2(folder, args.small)
-        modes = [""] if args.small else ["", "hybrid"]
-        base = "bf16" if torch.cuda.is_available() else "fp32"
-        rows = {m or base: run(folder, m, args.fp8_recipe, args.seq, args.batch, args.steps) for m in modes}
-    print(f"seq {args.seq} x batch {args.batch}, {args.steps} timed steps (fp8 recipe {args.fp8_recipe})")
-    print("| precision | step s | tokens/s | peak GiB |")
-    print("|---|---|---|---|")
+        rows = {m or base: run(folder, m, args.fp8_recipe, args.seq, args.batch, args.steps, args.impl) for m in modes}
+    impl = args.impl if args.impl != "auto" else ("transformer_engine" if te and torch.cuda.is_available() else "local")
+    print(f"seq {args.seq} x batch {args.batch}, {args.steps} timed steps, {impl} spec (fp8 recipe {args.fp8_recipe})")
+    print("| precision | step s | train tokens/s | log-prob tokens/s | peak GiB | export GB/s | offload s | onload s |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} |")
+        print(
+            f"| {name} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['logprob_tokens_per_s']:,.0f} | "
+            f"{r['peak_gib']:.1f} | {r['export_gb_per_s']:.1f} ({r['export_gb']:.2f} GB) | "
+            f"{r['offload_s']:.2f} | {r['onload_s']:.2f} |"
+        )
     if "hybrid" in rows:
         print(f"fp8 / bf16 tokens/s: {rows['hybrid']['tokens_per_s'] / rows['bf16']['tokens_per_s']:.2f}x")
+    if args.out:
+        result = {"impl": impl, "seq": args.seq, "batch": args.batch, "rows": rows}
+        Path(args.out).write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@
    size: pack, move, and each receiver's copy-out (``BucketReceiver.open``), no engine. Calls
    reach the receivers over a multiprocessing queue (standing in for Ray's RPC; ``bytes``
    buckets travel through it, as they travel through Ray's object store). ``broadcast`` runs
-   over gloo on CPU, NCCL on GPU (the receivers then take GPUs 1..R). Prints each transport's
-   GB/s over shm's and bytes'.
+   over gloo on CPU, NCCL on GPU (the receivers then take GPUs 1..R; on one GPU the receivers
+   share it and broadcast is skipped). Prints each transport's GB/s over shm's and bytes'.
 3. **Rollout**: generated tokens/s of the ``hf`` and ``vllm`` engines on the tiny recipe's
    rollout (64 prompts x 8 samples, temperature 1, up to 8 new tokens), the two engines
    interleaved ``--repeats`` times so machine noise hits both alike; the ratio is the figure.
@@ -178,7 +178,14 @@ def bench_transports(
     hf.release()
     manifest = Manifest({n: (tuple(t.shape), t.dtype) for n, t in tensors.items()})
     ctx = mp.get_context("spawn")
-    procs = [_Receiver(ctx, f"cuda:{i + 1}" if on_gpu else "cpu") for i in range(receivers)]
+    # NCCL takes one process per GPU: receivers get GPUs 1..R when there are that many; on a
+    # single GPU they share cuda:0 with the sender (the colocated case) and broadcast is skipped.
+    own_gpus = on_gpu and torch.cuda.device_count() > receivers
+    if on_gpu and not own_gpus and "broadcast" in kinds:
+        print(f"broadcast: skipped (NCCL needs {receivers + 1} GPUs, {torch.cuda.device_count()} visible)", flush=True)
+        kinds = [k for k in kinds if k != "broadcast"]
+    devices = [f"cuda:{i + 1}" if own_gpus else ("cuda:0" if on_gpu else "cpu") for i in range(receivers)]
+    procs = [_Receiver(ctx, d) for d in devices]
     rows = []
     try:
         for kind in kinds:

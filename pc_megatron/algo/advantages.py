@@ -19,11 +19,11 @@ def group_advantages(
     rewards = rewards.to(torch.float64)
     _, g = torch.unique(group_ids, return_inverse=True)
     num = int(g.max()) + 1 if g.numel() else 0
-    count = torch.zeros(num, dtype=torch.float64).index_add_(0, g, torch.ones_like(rewards))
-    mean = torch.zeros(num, dtype=torch.float64).index_add_(0, g, rewards) / count
+    count = torch.zeros(num, dtype=torch.float64, device=rewards.device).index_add_(0, g, torch.ones_like(rewards))
+    mean = torch.zeros(num, dtype=torch.float64, device=rewards.device).index_add_(0, g, rewards) / count
     centered = rewards - mean[g]
     if not normalize_by_std:
         return centered.float()
-    sq = torch.zeros(num, dtype=torch.float64).index_add_(0, g, centered**2)
+    sq = torch.zeros(num, dtype=torch.float64, device=rewards.device).index_add_(0, g, centered**2)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
     return (centered / (std[g] + eps)).float()
