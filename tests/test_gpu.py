@@ -1,7 +1,8 @@
 """GPU paths (marked ``gpu``; skipped on CPU): Transformer Engine layer spec, the CUDA engines,
 colocated vLLM (sleep/wake, CUDA-IPC weight sync, learner offload) and the 1.5B rollout rate.
 
-Run on a GPU machine with ``pytest -m gpu``. Not yet run: no GPU was available when written.
+Run on a GPU machine with ``pytest -m gpu``; ``tools/device_check.sh`` runs these and every other
+GPU check in one call (docs/LOG.md has what ran where, and what was skipped for want of TE/vLLM).
 """
 
 import pytest
@@ -37,6 +38,29 @@ def test_bf16_learner_step_on_gpu(tiny_model_dir):
     for _ in range(5):
         last = learner.train_sft(batch)["loss"]
     assert last < first
+
+
+def test_offload_to_pinned_host_memory_frees_the_gpu_and_changes_nothing(tiny_model_dir):
+    """Two bf16 learners take the same steps; one offloads its optimizer state (to pinned host
+    buffers) and gradient buffers between steps. Device memory goes down while offloaded, and the
+    weights after three steps are bit-identical to the learner that never offloaded."""
+    from pc_megatron.algo import LossConfig
+
+    tokens = torch.randint(2, 23, (8, 12), generator=torch.Generator().manual_seed(1)).cuda()
+    batch = TokenBatch(tokens, torch.ones(8, 11, device="cuda"))
+    adv = torch.linspace(-1, 1, 8, device="cuda")
+    weights = {}
+    for offload in (False, True):
+        learner = Learner(tiny_model_dir, LearnerConfig(bf16=True, lr=1e-3, offload_during_rollout=offload), seed=0)
+        for _ in range(3):
+            learner.train_rl(batch, learner.logprobs(batch), adv, LossConfig(), 1.0)
+            used = torch.cuda.memory_allocated()
+            learner.offload()
+            if offload:
+                assert torch.cuda.memory_allocated() < used and learner._host.host_bytes > 0
+        weights[offload] = {n: t.clone() for n, t in learner.hf_named_tensors()}
+    for name, t in weights[False].items():
+        assert torch.equal(t, weights[True][name]), name
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])

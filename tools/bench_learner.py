@@ -1,6 +1,7 @@
 """Learner throughput: RL train-step and log-prob tokens/s for a 1.5B-class random Qwen2 on one GPU, bf16
 and bf16 + FP8 (Transformer Engine), side by side in one process; also the learner side of a
-weight sync (every HF-named tensor gathered: GB/s) and colocation offload / onload seconds.
+weight sync (every HF-named tensor gathered: GB/s) and the optimizer state's trip to host memory
+and back (Megatron-Core's offload_to_cpu against the learner's pinned buffers).
 
     python tools/bench_learner.py [--fp8-recipe delayed] [--seq 1024] [--batch 8] [--steps 5] [--impl local]
     python tools/bench_learner.py --small      # CPU smoke test of the script itself
@@ -38,7 +39,6 @@ def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, i
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     cfg = LearnerConfig(
         bf16=gpu, fp8=fp8, fp8_recipe=recipe, micro_batch_size=batch, lr=1e-6, transformer_impl=impl,
-        offload_during_rollout=gpu,
     )  # fmt: skip
     learner = Learner(folder, cfg, seed=0)
     vocab = learner.arch.vocab_size
@@ -67,16 +67,27 @@ def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, i
         nbytes += t.contiguous().numel() * t.element_size()
     sync()
     export_s = time.perf_counter() - t0
-    # colocation: optimizer state and gradient buffers to host and back (no-op on CPU)
-    t0 = time.perf_counter()
-    learner.offload()
-    sync()
-    offload_s = time.perf_counter() - t0
-    free_gib = torch.cuda.mem_get_info()[0] / 2**30 if gpu else float("nan")
-    t0 = time.perf_counter()
-    learner.onload()
-    sync()
-    onload_s = time.perf_counter() - t0
+    # colocation: optimizer state to host and back, Megatron-Core's own offload_to_cpu against the
+    # learner's pinned buffers (first call allocates them; the second is every later step)
+    moves: dict[str, float] = {}
+    if gpu:
+
+        def timed(fn) -> float:
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            return time.perf_counter() - t
+
+        opt, host = learner.optimizer, learner._host
+        moves["megatron_offload_s"] = timed(opt.offload_to_cpu)
+        moves["megatron_restore_s"] = timed(opt.restore_from_cpu)
+        for k in ("first", "steady"):
+            moves[f"pinned_{k}_offload_s"] = timed(lambda: host.offload(opt))
+            moves[f"pinned_{k}_restore_s"] = timed(lambda: host.restore(opt))
+        moves["state_gb"] = host.host_bytes / 1e9
+        after = learner.train_rl(data, old, adv, LossConfig(), 1.0)  # still trains after the round trips
+        moves["loss_after"] = float(after["loss"])
     return {
         "step_s": dt,
         "tokens_per_s": batch * seq / dt,
@@ -84,9 +95,7 @@ def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, i
         "logprob_tokens_per_s": batch * seq / logprob_s,
         "export_gb_per_s": nbytes / export_s / 1e9,
         "export_gb": nbytes / 1e9,
-        "offload_s": offload_s,
-        "onload_s": onload_s,
-        "free_gib_offloaded": free_gib,
+        **moves,
     }
 
 
@@ -117,14 +126,21 @@ def main() -> None:
         rows = {m or base: run(folder, m, args.fp8_recipe, args.seq, args.batch, args.steps, args.impl) for m in modes}
     impl = args.impl if args.impl != "auto" else ("transformer_engine" if te and torch.cuda.is_available() else "local")
     print(f"seq {args.seq} x batch {args.batch}, {args.steps} timed steps, {impl} spec (fp8 recipe {args.fp8_recipe})")
-    print("| precision | step s | train tokens/s | log-prob tokens/s | peak GiB | export GB/s | offload s | onload s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| precision | step s | train tokens/s | log-prob tokens/s | peak GiB | export GB/s |")
+    print("|---|---|---|---|---|---|")
     for name, r in rows.items():
         print(
             f"| {name} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['logprob_tokens_per_s']:,.0f} | "
-            f"{r['peak_gib']:.1f} | {r['export_gb_per_s']:.1f} ({r['export_gb']:.2f} GB) | "
-            f"{r['offload_s']:.2f} | {r['onload_s']:.2f} |"
+            f"{r['peak_gib']:.1f} | {r['export_gb_per_s']:.1f} ({r['export_gb']:.2f} GB) |"
         )
+        if "state_gb" in r:
+            print(
+                f"optimizer state {r['state_gb']:.1f} GB to host / back: Megatron offload_to_cpu "
+                f"{r['megatron_offload_s']:.2f} / {r['megatron_restore_s']:.2f} s; pinned, first "
+                f"{r['pinned_first_offload_s']:.2f} / {r['pinned_first_restore_s']:.2f} s, steady "
+                f"{r['pinned_steady_offload_s']:.2f} / {r['pinned_steady_restore_s']:.2f} s; "
+                f"loss after {r['loss_after']:.4f}"
+            )
     if "hybrid" in rows:
         print(f"fp8 / bf16 tokens/s: {rows['hybrid']['tokens_per_s'] / rows['bf16']['tokens_per_s']:.2f}x")
     if args.out:

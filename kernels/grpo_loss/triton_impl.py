@@ -145,6 +145,11 @@ def _group_advantages_kernel(rewards_ptr, out_ptr, group_size, eps, NORMALIZE: t
     if NORMALIZE:
         var = tl.sum(centered * centered, axis=0) / tl.maximum(group_size - 1, 1)
         centered = centered / (tl.sqrt(var) + eps)
+    # A group of identical rewards has exactly zero advantage. The GPU's fp32 division is not
+    # exact (six rewards of 1.0 gave a mean of 0.99999994), and dividing that residue by eps
+    # would turn a degenerate group into a -0.03 advantage: test the spread, not the residue.
+    spread = tl.max(tl.where(valid, r, -float("inf")), axis=0) - tl.min(tl.where(valid, r, float("inf")), axis=0)
+    centered = tl.where(spread == 0.0, 0.0, centered)
     tl.store(out_ptr + g * group_size + cols, centered, mask=valid)
 
 

@@ -27,6 +27,7 @@ from pc_megatron.algo.loss import LossConfig, policy_loss
 from pc_megatron.errors import ModelFileError, TrainingError
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.model import build_gpt_model, resolve_transformer_impl
+from pc_megatron.learner.offload import PinnedOffload
 from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.arch import ArchSpec, load_arch
 from pc_megatron.weight_sync.mapping import megatron_to_hf
@@ -132,6 +133,7 @@ class Learner:
         )
         self.version = 0  # policy version: number of optimizer steps taken
         self._offloaded = False
+        self._host = PinnedOffload()  # pinned host buffers for the optimizer state while offloaded
         self._masks: dict[int, torch.Tensor] = {}
 
     # ----------------------------------------------------------------- weights
@@ -239,14 +241,14 @@ class Learner:
         host memory, gradient buffers freed, so the engine can use the memory while it generates."""
         if self.cfg.offload_during_rollout and self.device.type == "cuda" and not self._offloaded:
             self.model.offload_grad_buffers()
-            self.optimizer.offload_to_cpu()
+            self._host.offload(self.optimizer)
             self._offloaded = True
 
     def onload(self) -> None:
         """Undo ``offload``; the update, ``save`` and ``load`` call it first (gradient buffers
         come back zeroed)."""
         if self._offloaded:
-            self.optimizer.restore_from_cpu()
+            self._host.restore(self.optimizer)
             self.model.restore_grad_buffers()
             self._offloaded = False
 
