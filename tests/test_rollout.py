@@ -53,9 +53,9 @@ def test_batched_generation_equals_one_prompt_at_a_time(engine):
 def test_logprobs_are_those_of_the_full_tempered_distribution(engine, tiny_model_dir):
     p = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=4)
     (c,) = engine.generate([PROMPTS[0]], 1, p, seed=3)
-    seq = torch.tensor([PROMPTS[0] + c.token_ids])
+    seq = torch.tensor([PROMPTS[0] + c.token_ids], device=engine.device)
     with torch.no_grad():
-        logits = engine.model(input_ids=seq).logits[0, len(PROMPTS[0]) - 1 : -1] / 0.7
+        logits = engine.model(input_ids=seq).logits[0, len(PROMPTS[0]) - 1 : -1].cpu() / 0.7
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
     assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-5)
 
@@ -101,9 +101,9 @@ def test_update_weights_changes_outputs_and_checks_the_manifest(engine):
 def test_prompt_logprobs_are_the_models(engine):
     lps = engine.prompt_logprobs(PROMPTS)
     for prompt, lp in zip(PROMPTS, lps, strict=True):
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=engine.device)
         with torch.no_grad():
-            ref = torch.log_softmax(engine.model(input_ids=ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None])
+            ref = torch.log_softmax(engine.model(input_ids=ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None]).cpu()
         assert lp == pytest.approx(ref.squeeze(-1).tolist(), abs=1e-6)
 
 

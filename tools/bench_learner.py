@@ -83,7 +83,7 @@ def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, i
         moves["megatron_offload_s"] = timed(opt.offload_to_cpu)
         moves["megatron_restore_s"] = timed(opt.restore_from_cpu)
         for k in ("first", "steady"):
-            moves[f"pinned_{k}_offload_s"] = timed(lambda: host.offload(opt))
+            moves[f"pinned_{k}_offload_s"] = timed(lambda: host.offload(opt, learner.model.parameters()))
             moves[f"pinned_{k}_restore_s"] = timed(lambda: host.restore(opt))
         moves["state_gb"] = host.host_bytes / 1e9
         after = learner.train_rl(data, old, adv, LossConfig(), 1.0)  # still trains after the round trips

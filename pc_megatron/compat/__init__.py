@@ -1,1 +1,2 @@
-"""Version-checked shims that let Megatron-Core run on CPU over gloo (see ``megatron_cpu``)."""
+"""Version-checked shims for Megatron-Core 0.16: on a CPU torch build over gloo (``megatron_cpu``),
+and for its distributed optimizer on torch's Adam, on any device (``torch_adam``)."""

@@ -16,15 +16,8 @@ CUDA we patch exactly those places, and nothing else:
 - The distributed optimizer sorts parameters by ``tensor.type()`` strings naming CUDA types
   (``'torch.cuda.FloatTensor'``): while it builds its parameter groups, and only then, CPU
   tensors report the CUDA spelling of their type.
-- Without TE/Apex the distributed optimizer reads the Adam step count from its per-parameter
-  state when it describes itself for a load, and asserts there is one: a fresh optimizer (no
-  step taken yet) gets Megatron's own dummy state first (overwritten by the load).
-- Without TE/Apex the optimizer is torch's Adam, whose per-parameter state holds a ``step``
-  that the distributed optimizer's reshardable load does not carry per parameter: the
-  per-parameter copy keeps the current ``step``. The load then restores ``step`` from the
-  parameter groups as *one tensor shared by every parameter*, which torch's Adam increments in
-  place once per parameter (bias correction then uses a step count inflated by the number of
-  parameters): after the load each parameter gets its own copy.
+- (The distributed optimizer's torch-Adam fallback needs shims of its own on any device:
+  ``compat/torch_adam.py``. A CPU torch build always takes that fallback.)
 - The tensor-parallel RNG tracker forks a CUDA generator: it is replaced by one that forks the
   CPU generator (same semantics: a named, separately-seeded stream).
 
@@ -150,41 +143,18 @@ def _with_cuda_type_names(build):
     return classmethod(wrapped)
 
 
-def _keeping_adam_step(set_states):
-    def wrapped(self, model_param, tensors):
-        if "step" not in tensors:
-            group_index, group_order = self.model_param_group_index_map[model_param]
-            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
-            step = self.optimizer.state[main_param].get("step")
-            if step is not None:
-                tensors = {**tensors, "step": step}
-        return set_states(self, model_param, tensors)
-
-    return wrapped
-
-
-def _with_state_to_load(sharded_state_dict):
-    def wrapped(self, model_sharded_state_dict=None, is_loading=False, *args, **kwargs):
-        if is_loading and not self.optimizer.state:
-            self._init_optimizer_states_with_dummy_values()
-        return sharded_state_dict(self, model_sharded_state_dict or {}, is_loading, *args, **kwargs)
-
-    return wrapped
-
-
-def _owning_adam_steps(load_state_dict):
-    def wrapped(self, state_dict):
-        out = load_state_dict(self, state_dict)
-        for state in self.optimizer.state.values():
-            if isinstance(state.get("step"), torch.Tensor):
-                state["step"] = state["step"].clone()
-        return out
-
-    return wrapped
-
-
 def megatron_version() -> str:
     return version("megatron-core")
+
+
+def check_version() -> None:
+    """The shims were written against these Megatron-Core versions: anything else is refused."""
+    found = megatron_version()
+    if not found.startswith(SUPPORTED):
+        raise RuntimeError(
+            f"pc_megatron.compat supports megatron-core {SUPPORTED}, found {found}: install "
+            "megatron-core==0.16.1 (or Transformer Engine, on GPU), or review the shims for the new version"
+        )
 
 
 def apply() -> None:
@@ -192,12 +162,7 @@ def apply() -> None:
     global _applied
     if _applied or torch.cuda.is_available():
         return
-    found = megatron_version()
-    if not found.startswith(SUPPORTED):
-        raise RuntimeError(
-            f"pc_megatron.compat.megatron_cpu supports megatron-core {SUPPORTED}, found {found}: "
-            "install megatron-core==0.16.1 for CPU runs, or review the shims for the new version"
-        )
+    check_version()
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
 
@@ -215,11 +180,6 @@ def apply() -> None:
 
     build = DistributedOptimizer._build_model_and_main_param_groups.__func__
     DistributedOptimizer._build_model_and_main_param_groups = _with_cuda_type_names(build)
-    DistributedOptimizer._set_main_param_and_optimizer_states = _keeping_adam_step(
-        DistributedOptimizer._set_main_param_and_optimizer_states
-    )
-    DistributedOptimizer.load_state_dict = _owning_adam_steps(DistributedOptimizer.load_state_dict)
-    DistributedOptimizer.sharded_state_dict = _with_state_to_load(DistributedOptimizer.sharded_state_dict)
 
     from megatron.core.tensor_parallel import random as tp_random
 

@@ -241,7 +241,7 @@ class Learner:
         host memory, gradient buffers freed, so the engine can use the memory while it generates."""
         if self.cfg.offload_during_rollout and self.device.type == "cuda" and not self._offloaded:
             self.model.offload_grad_buffers()
-            self._host.offload(self.optimizer)
+            self._host.offload(self.optimizer, self.model.parameters())
             self._offloaded = True
 
     def onload(self) -> None:

@@ -10,7 +10,7 @@ copies into and out of those buffers, one synchronisation per direction.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -24,8 +24,13 @@ def _torch_optimizers(optimizer) -> Iterator[torch.optim.Optimizer]:
 
 
 class PinnedOffload:
-    """``offload(optimizer)`` / ``restore(optimizer)``: the optimizer's parameters (its fp32 main
-    copies under bf16) and every tensor of its state, device ↔ pinned host buffers."""
+    """``offload(optimizer, model_params)`` / ``restore(optimizer)``: the optimizer's own
+    parameters (the fp32 main copies under bf16) and every tensor of its state, device ↔ pinned
+    host buffers. Parameters of the model itself stay where they are: under bf16 Megatron hands a
+    parameter that is fp32 in the model (torch's RMSNorm weights under the local layer spec) to
+    the optimizer as it is, and the learner still runs forwards while offloaded (evaluation).
+    Megatron's own ``offload_to_cpu`` moves those too, as did this class's first version: on the
+    H200 the next forward failed with "found at least two devices, cuda:0 and cpu"."""
 
     def __init__(self) -> None:
         self._host: dict[tuple, torch.Tensor] = {}
@@ -39,12 +44,14 @@ class PinnedOffload:
             self.host_bytes += slot.numel() * slot.element_size()
         return slot
 
-    def _tensors(self, optimizer) -> Iterator[tuple[tuple, object, object]]:
-        """(key, holder, field): ``holder`` is a parameter (field None: its ``.data``) or a state dict."""
+    def _tensors(self, optimizer, keep: frozenset[int] = frozenset()) -> Iterator[tuple[tuple, object, object]]:
+        """(key, holder, field): ``holder`` is a parameter (field None: its ``.data``) or a state
+        dict; parameters whose id is in ``keep`` are left out (their state is not)."""
         for i, opt in enumerate(_torch_optimizers(optimizer)):
             for group in opt.param_groups:
                 for p in group["params"]:
-                    yield (i, id(p), None), p, None
+                    if id(p) not in keep:
+                        yield (i, id(p), None), p, None
             for p, state in opt.state.items():
                 for name, value in state.items():
                     if torch.is_tensor(value):
@@ -61,8 +68,9 @@ class PinnedOffload:
         else:
             holder[field] = value
 
-    def offload(self, optimizer) -> None:
-        for key, holder, field in self._tensors(optimizer):
+    def offload(self, optimizer, model_params: Iterable[torch.Tensor] = ()) -> None:
+        keep = frozenset(id(p) for p in model_params)
+        for key, holder, field in self._tensors(optimizer, keep):
             t = self._get(holder, field)
             if t.is_cuda:
                 slot = self._slot(key, t)
@@ -74,7 +82,7 @@ class PinnedOffload:
     def restore(self, optimizer) -> None:
         device = torch.device("cuda", torch.cuda.current_device())
         for key, holder, field in self._tensors(optimizer):
-            t = self._get(holder, field)
-            if not t.is_cuda and self._host.get(key) is t:
+            t, slot = self._get(holder, field), self._host.get(key)
+            if not t.is_cuda and slot is not None and t.data_ptr() == slot.data_ptr():  # ``.data`` is a new wrapper
                 self._set(holder, field, t.to(device, non_blocking=True))
         torch.cuda.synchronize()  # the pinned buffers are written again by the next offload

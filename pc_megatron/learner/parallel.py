@@ -26,9 +26,10 @@ def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
     sizes are an error. Data parallel takes the remaining ranks: WORLD_SIZE / (TP x PP)."""
     from megatron.core import parallel_state as ps
 
-    from pc_megatron.compat import megatron_cpu
+    from pc_megatron.compat import megatron_cpu, torch_adam
 
     megatron_cpu.apply()
+    torch_adam.apply()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not dist.is_initialized():
         if "WORLD_SIZE" not in os.environ:
