@@ -33,6 +33,18 @@ def test_scores_come_back_in_input_order_across_workers():
     assert (out.timeouts, out.errors) == (0, 0)
 
 
+def test_a_first_call_long_after_the_workers_started_finds_them_ready(monkeypatch):
+    """The engine's start can take minutes before the first reward call: the workers' "ready",
+    sent long before, is read before anyone is judged late (it once failed every such run)."""
+    from pc_megatron.rewards import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_START_S", 0.5)
+    with RewardPool(RewardConfig(workers=2, timeout_s=0.1)) as pool:
+        time.sleep(2.0)  # far past the start deadline, every worker long since ready
+        out = pool.score(["1", "2"], ["1", "3"], _ids(2))
+    assert [r.correct for r in out.results] == [True, False]
+
+
 def test_a_hanging_item_is_cut_off_counted_and_the_rest_scored():
     texts = ["1", "hang", "2", "3", "hang", "4"]
     answers = ["1", "1", "2", "0", "1", "4"]

@@ -118,15 +118,22 @@ class RewardPool:
                     w.conn.send([(i, completions[i], answers[i]) for i in items])
                     w.items.extend(items)
                     w.deadline = now + cfg.timeout_s
-            late = [w for w in self._workers if not w.ready and now - w.started > max(_START_S, cfg.timeout_s)]
-            if late:
-                raise RewardError(f"a reward worker did not start within {max(_START_S, cfg.timeout_s):g} s")
             for w in [w for w in self._workers if w.items and w.deadline <= now]:
                 remaining -= 1
                 replace(w, timed_out=True)
             busy = [w.deadline for w in self._workers if w.items]
             timeout = max(0.0, min(busy) - time.monotonic()) if busy else 1.0
-            for conn in wait([w.conn for w in self._workers], timeout):
+            arrived = wait([w.conn for w in self._workers], timeout)
+            # judged after reading what has arrived: a worker that announced itself long before this
+            # call (the engine's start can take minutes) has its "ready" waiting in the pipe
+            late = [
+                w
+                for w in self._workers
+                if not w.ready and w.conn not in arrived and now - w.started > max(_START_S, cfg.timeout_s)
+            ]
+            if late:
+                raise RewardError(f"a reward worker did not start within {max(_START_S, cfg.timeout_s):g} s")
+            for conn in arrived:
                 w = next(w for w in self._workers if w.conn is conn)
                 try:
                     msg = conn.recv()
