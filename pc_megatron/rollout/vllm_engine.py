@@ -68,8 +68,28 @@ def _eos_ids(model_dir: Path) -> list[int]:
     return sorted(set(ids))
 
 
+def cpu_thread_binding(tensor_parallel_size: int, cores: list[int] | None = None) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tensor_parallel_size`` CPU workers: this process's cores
+    in equal, disjoint slices (``"0|1"``, ``"0,1|2,3"``). vLLM's own ``auto`` binding wants one NUMA
+    node per worker, which a one-socket machine does not have."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
+    if len(cores) < tensor_parallel_size:
+        raise ConfigError(
+            f"rollout.vllm.tensor_parallel_size={tensor_parallel_size} on CPU needs a core per worker, "
+            f"this process may use {len(cores)}: lower it, or set VLLM_CPU_OMP_THREADS_BIND yourself"
+        )
+    per = len(cores) // tensor_parallel_size
+    return "|".join(",".join(map(str, cores[w * per : (w + 1) * per])) for w in range(tensor_parallel_size))
+
+
 class VllmEngine:
-    def __init__(self, model_dir: str | Path, cfg: RolloutConfig, learner_bf16: bool = False) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        cfg: RolloutConfig,
+        learner_bf16: bool = False,
+        ray_bundles: list[int] | None = None,
+    ) -> None:
         self.version_str = check_vllm()
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
@@ -86,6 +106,7 @@ class VllmEngine:
             transport = "cuda_ipc" if self.on_gpu else "shm"
         if transport == "cuda_ipc" and not self.on_gpu:
             raise ConfigError("rollout.weight_sync.transport=cuda_ipc needs a GPU; use shm (or auto) on CPU")
+
         self.eos_ids = _eos_ids(self.model_dir)
         self.manifest = Manifest.from_hf_folder(self.model_dir, self.dtype)
         kwargs = {}
@@ -93,6 +114,17 @@ class VllmEngine:
             kwargs.update(gpu_memory_utilization=v.gpu_memory_utilization, enable_sleep_mode=self.sleep_level > 0)
         else:
             kwargs.update(kv_cache_memory_bytes=int(v.cpu_kv_cache_gb * 2**30))
+        if v.tensor_parallel_size > 1 and not self.on_gpu:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(v.tensor_parallel_size))
+            # inside a Ray actor vLLM would pick its Ray executor, which its CPU platform lacks
+            kwargs.update(distributed_executor_backend="mp")
+        if ray_bundles and self.on_gpu:
+            # the replica's tensor-parallel workers as vLLM's Ray workers in the given bundles of
+            # this actor's placement group (the actor captures it for its child tasks)
+            if len(ray_bundles) != v.tensor_parallel_size:
+                raise ConfigError(f"{len(ray_bundles)} bundles for an engine of {v.tensor_parallel_size} workers")
+            os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, ray_bundles))
+            kwargs.update(distributed_executor_backend="ray")
         self.llm = LLM(
             model=str(self.model_dir),
             skip_tokenizer_init=True,  # token ids in and out; the project owns tokenization

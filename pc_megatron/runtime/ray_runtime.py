@@ -235,13 +235,15 @@ class LearnerWorker:
 class EngineWorker:
     """One engine replica (a Ray actor) holding an hf or vllm engine."""
 
-    def __init__(self, rollout_cfg: Any, model_dir: str, learner_bf16: bool, threads: int) -> None:
+    def __init__(
+        self, rollout_cfg: Any, model_dir: str, learner_bf16: bool, threads: int, ray_bundles: list[int] | None
+    ) -> None:
         import torch
 
         from pc_megatron.rollout import build_engine
 
         torch.set_num_threads(threads)
-        self.engine = build_engine(rollout_cfg, model_dir, learner_bf16=learner_bf16)
+        self.engine = build_engine(rollout_cfg, model_dir, learner_bf16=learner_bf16, ray_bundles=ray_bundles)
 
     def manifest(self) -> Any:
         return self.engine.manifest
@@ -367,10 +369,33 @@ def place_bundles(rcfg: RayConfig, count: int, timeout_s: float = 120.0) -> list
     return sorted(out, key=lambda b: (b.node, id(b.group), b.index))
 
 
-def _on(bundle: Bundle, cpus: float, gpus: float) -> dict:
+def engine_tp(rc: Any) -> int:
+    """Bundles (GPUs) per engine replica: the vLLM engine's tensor-parallel size; the hf engine is one process."""
+    return rc.vllm.tensor_parallel_size if rc.backend == "vllm" else 1
+
+
+def replica_slices(bundles: list[Bundle], replicas: int, tp: int) -> list[list[Bundle]]:
+    """Replica r takes bundles [r*tp, (r+1)*tp) of one node and one placement group (an engine's
+    tensor-parallel workers never cross a node)."""
+    out = [bundles[r * tp : (r + 1) * tp] for r in range(replicas)]
+    for r, part in enumerate(out):
+        if len({(b.node, id(b.group)) for b in part}) > 1:
+            raise ConfigError(
+                f"engine replica {r} (tensor_parallel_size={tp}) would span nodes "
+                f"{sorted({b.node for b in part})}: make ray.bundles_per_node a multiple of "
+                "rollout.vllm.tensor_parallel_size (and of the learner's ranks per node)"
+            )
+    return out
+
+
+def _on(bundle: Bundle, cpus: float, gpus: float, capture: bool = False) -> dict:
+    """Actor options for ``bundle``; ``capture``: the actor's own tasks and actors (vLLM's Ray
+    workers) are placed in the same placement group."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    strategy = PlacementGroupSchedulingStrategy(bundle.group, placement_group_bundle_index=bundle.index)
+    strategy = PlacementGroupSchedulingStrategy(
+        bundle.group, placement_group_bundle_index=bundle.index, placement_group_capture_child_tasks=capture
+    )
     return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": strategy}
 
 
@@ -492,14 +517,22 @@ class RayRolloutFleet:
         ray.get([e.close.remote() for e in self.engines], timeout=60)
 
 
-def choose_transport(transport: str, on_gpu: bool, placement: str, same_node: bool) -> str:
+def choose_transport(transport: str, on_gpu: bool, placement: str, same_node: bool, engine_tp: int = 1) -> str:
     """The weight-sync transport of a runtime=ray run: ``auto`` is broadcast (NCCL) for engines
     on GPUs of their own (split), else CUDA IPC on GPU or shared memory on CPU for engines on
-    rank 0's node, and bytes through Ray's object store for other nodes."""
+    rank 0's node, and bytes through Ray's object store for other nodes. GPU engines of
+    ``engine_tp`` > 1 workers take broadcast only: their workers (vLLM's Ray workers) see the
+    node's GPUs by physical index, and a CUDA IPC handle names the learner's device by the index
+    Ray showed the learner, which need not be the same GPU."""
     if transport == "auto":
         if on_gpu and placement == "split":
             return "broadcast"
-        return ("cuda_ipc" if on_gpu else "shm") if same_node else "bytes"
+        transport = ("cuda_ipc" if on_gpu else "shm") if same_node else "bytes"
+    if on_gpu and engine_tp > 1 and transport != "broadcast":
+        raise ConfigError(
+            f"engine replicas of rollout.vllm.tensor_parallel_size={engine_tp} on GPU take their weights by broadcast: "
+            "set ray.placement=split (rollout.weight_sync.transport=auto then picks it)"
+        )
     if transport == "broadcast" and on_gpu and placement == "colocated":
         raise ConfigError(
             "rollout.weight_sync.transport=broadcast on GPU needs ray.placement=split: NCCL takes one "
@@ -517,14 +550,10 @@ class RayRuntime:
         lc = OmegaConf.to_object(cfg.learner)
         rc = OmegaConf.to_object(cfg.rollout)
         rc.validate()
-        if rc.backend == "vllm" and rc.vllm.tensor_parallel_size > 1:
-            raise ConfigError(
-                "runtime=ray runs engine replicas of one GPU each for now: set rollout.vllm.tensor_parallel_size=1"
-            )
-        world, replicas = lc.world_size, rc.replicas
+        world, replicas, tp = lc.world_size, rc.replicas, engine_tp(rc)
         groups = 2 if cfg.algo.loss.kl_coef > 0 else 1  # a reference learner group beside the policy's
         colocated = rcfg.placement == "colocated"
-        count = max(world * groups, replicas) if colocated else world * groups + replicas
+        count = max(world * groups, replicas * tp) if colocated else world * groups + replicas * tp
         start_ray(rcfg, run_dir, count * rcfg.cpus_per_bundle)
         try:
             self._start(cfg, rcfg, lc, rc, policy_dir, run_dir, count, groups)
@@ -535,7 +564,7 @@ class RayRuntime:
     def _start(self, cfg, rcfg, lc, rc, policy_dir: Path, run_dir: Path, count: int, groups: int) -> None:
         import ray
 
-        world, replicas = lc.world_size, rc.replicas
+        world, replicas, tp = lc.world_size, rc.replicas, engine_tp(rc)
         colocated = rcfg.placement == "colocated"
         self.bundles = place_bundles(rcfg, count)
         on_gpu = "GPU" in ray.cluster_resources()
@@ -556,17 +585,22 @@ class RayRuntime:
         self.learner = learner_group(0)
         self.ref_learner = learner_group(world) if groups == 2 else None
         first_engine = 0 if colocated else world * groups
-        engine_bundles = self.bundles[first_engine : first_engine + replicas]
-        engines = [
-            engine_cls.options(**_on(b, rcfg.cpus_per_bundle * share, share if on_gpu else 0)).remote(
-                rc, str(policy_dir), lc.bf16, cfg.threads
-            )
-            for b in engine_bundles
-        ]
-        self.fleet = RayRolloutFleet(engines, [b.node for b in engine_bundles], rc.timeout_s)
-        same_node = {b.node for b in engine_bundles} == {self.bundles[0].node}
-        transport = choose_transport(rc.weight_sync.transport, on_gpu, rcfg.placement, same_node)
+        replica_bundles = replica_slices(self.bundles[first_engine:], replicas, tp)
+        same_node = {b.node for r in replica_bundles for b in r} == {self.bundles[0].node}
+        transport = choose_transport(rc.weight_sync.transport, on_gpu, rcfg.placement, same_node, tp)
+        rc.weight_sync.transport = transport  # the engines build the matching receiver (and no sender of their own)
         self.transport, self.bucket_bytes = transport, rc.weight_sync.bucket_mb << 20
+        engines = []
+        for bundles in replica_bundles:
+            head = bundles[0]
+            if on_gpu and tp > 1:  # vLLM's Ray workers take the GPU shares; the actor only drives them
+                opts = _on(head, rcfg.cpus_per_bundle * share, 0, capture=True)
+                opts["runtime_env"] = {"env_vars": {"VLLM_RAY_PER_WORKER_GPUS": str(share)}}
+                ray_bundles = [b.index for b in bundles]
+            else:
+                opts, ray_bundles = _on(head, rcfg.cpus_per_bundle * share, share if on_gpu else 0), None
+            engines.append(engine_cls.options(**opts).remote(rc, str(policy_dir), lc.bf16, cfg.threads, ray_bundles))
+        self.fleet = RayRolloutFleet(engines, [r[0].node for r in replica_bundles], rc.timeout_s)
         placement = {
             "learner": self.learner.nodes,
             "reference_learner": self.ref_learner.nodes if self.ref_learner else [],

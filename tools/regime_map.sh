@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The regime map (docs/LOG.md, 2026-12-04): GRPO, faithful Pilot-Commit (n = 32 as 8 + 24) and the
+# adaptive allocator on prompt pools from few to most degenerate groups, three seeds each, with
+# one recipe for every method and level (nothing tuned per method or per pool).
+#
+#   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate n64 default
+#
+# Each level is one `pc-megatron compare` (two runs at a time); a finished run is reused and a cut
+# one resumed, so the script can be run again after an interruption.
+set -euo pipefail
+OUT=${1:?usage: tools/regime_map.sh OUT [LEVEL ...]}
+shift
+LEVELS=${*:-graded70 easy hard graded40 dapo ablate n64 default}
+SEEDS="0 1 2"
+# n = 32, B = 16 (512 rollouts per GRPO step); lr 3e-5: at the tiny recipe's 1e-4, GRPO lowered the
+# held-out accuracy on the graded pool within 20 steps (so did B = 32, and no std normalisation)
+MAP="algo.samples_per_prompt=32 algo.prompts_per_step=16 steps=80 learner.lr=3e-5 learner.min_lr=1e-5
+     learner.lr_warmup_steps=10 learner.lr_decay_steps=80 eval.every_steps=10 checkpoint.every_steps=20"
+GRADED70="data.synthetic.pool=graded data.synthetic.hopeless_frac=0.45 data.synthetic.solved_frac=0.25"
+GRADED40="data.synthetic.pool=graded data.synthetic.hopeless_frac=0.25 data.synthetic.solved_frac=0.15"
+for level in $LEVELS; do
+    case $level in
+        graded70) pool=$GRADED70 methods="grpo pilot_commit adaptive" ;;
+        easy) pool="data.synthetic.pool=easy" methods="grpo pilot_commit adaptive" ;;
+        hard) pool="data.synthetic.pool=hard" methods="grpo pilot_commit" ;;
+        graded40) pool=$GRADED40 methods="grpo pilot_commit" ;;
+        dapo)  # DAPO at two levels, beside the runs of those levels (reused; compare.json then has all)
+            # shellcheck disable=SC2086
+            pc-megatron compare tiny $MAP $GRADED70 --methods grpo pilot_commit adaptive dapo --seeds $SEEDS \
+                --jobs 2 --out "$OUT/graded70"
+            # shellcheck disable=SC2086
+            pc-megatron compare tiny $MAP data.synthetic.pool=hard --methods grpo pilot_commit dapo --seeds $SEEDS \
+                --jobs 2 --out "$OUT/hard"
+            continue ;;
+        ablate)  # adaptive without its cheap pilots (8-sample pilots, as faithful Pilot-Commit's), GRPO reused
+            mkdir -p "$OUT/graded70-pilot8"
+            for s in $SEEDS; do
+                mkdir -p "$OUT/graded70-pilot8/seed$s"
+                ln -sfn "$(realpath "$OUT/graded70/seed$s/grpo")" "$OUT/graded70-pilot8/seed$s/grpo"
+            done
+            # shellcheck disable=SC2086
+            pc-megatron compare tiny $MAP $GRADED70 scheduler.adaptive_pilot=8 --methods grpo adaptive \
+                --seeds $SEEDS --jobs 2 --out "$OUT/graded70-pilot8"
+            continue ;;
+        n64)  # n = 64 as 16 + 48, B = 8 (the same 512 rollouts per GRPO step)
+            # shellcheck disable=SC2086
+            pc-megatron compare tiny $MAP $GRADED70 algo.samples_per_prompt=64 algo.prompts_per_step=8 \
+                --methods grpo pilot_commit --seeds $SEEDS --jobs 2 --out "$OUT/graded70-n64"
+            continue ;;
+        default)  # the default recipe (n = 8, B = 64, lr 1e-4): Pilot-Commit with the recipe's defaults
+            # shellcheck disable=SC2086
+            pc-megatron compare tiny --methods grpo pilot_commit --seeds 0 --jobs 2 --out "$OUT/default"
+            continue ;;
+        *) echo "unknown level $level" >&2; exit 2 ;;
+    esac
+    # shellcheck disable=SC2086
+    pc-megatron compare tiny $MAP $pool --methods $methods --seeds $SEEDS --jobs 2 --out "$OUT/$level"
+done
