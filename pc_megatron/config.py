@@ -231,6 +231,10 @@ def validate(cfg: Any) -> None:
         validate_mix(dict(cfg.data.synthetic.mix))
         syn = cfg.data.synthetic
         validate_pool(syn.pool, list(syn.easy_pass_band), syn.hopeless_frac, syn.solved_frac)
+        if not 0 <= syn.pool_size <= syn.num_train:
+            raise ConfigError(
+                f"data.synthetic.pool_size={syn.pool_size}: must be between 0 (all) and num_train={syn.num_train}"
+            )
     elif cfg.data.synthetic.pool != "hard":
         raise ConfigError("data.synthetic.pool selects a pool of the embedded task: unset it with data.train_path")
     if cfg.runtime not in ("local", "ray"):

@@ -71,7 +71,7 @@ HOPELESS, SOLVED = 0.02, 0.98  # graded pool: exact initial pass rate below / ab
 def pool_quotas(syn: Any) -> list[tuple[str, float, float, int]]:
     """``(name, low, high, count)`` per share of the pool: an exact initial pass rate in
     ``[low, high]`` (a hopeless prompt below 0.02 and a solved one above 0.98, strictly)."""
-    n = syn.num_train
+    n = syn.pool_size or syn.num_train
     if syn.pool == "easy":
         lo, hi = syn.easy_pass_band
         return [("in band", lo, hi, n)]
@@ -88,11 +88,14 @@ def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -
     """``task`` with its train split replaced by the configured pool (cached by everything that
     determines it). The held-out and SFT splits are unchanged. Candidates are scored in the
     order they are drawn and each share of the pool takes the first ones in its band."""
-    if cfg.data.train_path or cfg.data.synthetic.pool == "hard":
+    if cfg.data.train_path:
         return task
     syn = OmegaConf.to_object(cfg.data.synthetic)
+    if syn.pool == "hard":
+        return Task(task.train[: syn.pool_size], task.eval, task.sft) if syn.pool_size else task
     quotas = pool_quotas(syn)
     fields = [syn.pool, syn.easy_pass_band] if syn.pool == "easy" else [syn.pool, syn.hopeless_frac, syn.solved_frac]
+    fields += [syn.pool_size] if syn.pool_size else []  # (earlier pools' cache keys unchanged)
     key = config_hash(POOL_FORMAT, split_fields(syn), *fields, warm_start_key(cfg), cfg.rollout.temperature)
     path = cache_root(cfg.warmstart.cache_dir) / "pools" / key / "train.jsonl"
     if path.is_file():

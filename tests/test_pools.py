@@ -95,3 +95,15 @@ def test_graded_pool_has_the_asked_shares_of_hopeless_and_solved_prompts(cache_d
         )
     with pytest.raises(ConfigError, match="set data.synthetic.pool=graded"):
         load_config("tiny", ["data.synthetic.hopeless_frac=0.3"])
+
+    # a smaller pool of the same shares: the first prompts of each band, held-out and warm-start unchanged
+    small_cfg = load_config("tiny", [*over, "data.synthetic.pool_size=400"])
+    small = select_pool(small_cfg, prepare_task(small_cfg), ensure_warm_start(small_cfg, task, progress=False), False)
+    assert small.eval == base.eval and small.sft == base.sft and len(small.train) == 400
+    assert {r.prompt for r in small.train} <= {r.prompt for r in graded.train}
+    rates = [r.meta["initial_pass_rate"] for r in small.train]
+    assert sum(p < 0.02 for p in rates) == 180 and sum(p > 0.98 for p in rates) == 100
+    hard = select_pool(load_config("tiny", ["data.synthetic.pool_size=100"]), base, policy, progress=False)
+    assert hard.train == base.train[:100]
+    with pytest.raises(ConfigError, match="pool_size=5000: must be between 0"):
+        load_config("tiny", ["data.synthetic.pool_size=5000"])

@@ -3,14 +3,14 @@
 # adaptive allocator on prompt pools from few to most degenerate groups, three seeds each, with
 # one recipe for every method and level (nothing tuned per method or per pool).
 #
-#   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate n64 default
+#   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate small n64 default
 #
 # Each level is one `pc-megatron compare` (two runs at a time); a finished run is reused and a cut
 # one resumed, so the script can be run again after an interruption.
 set -euo pipefail
 OUT=${1:?usage: tools/regime_map.sh OUT [LEVEL ...]}
 shift
-LEVELS=${*:-graded70 easy hard graded40 dapo ablate n64 default}
+LEVELS=${*:-graded70 easy hard graded40 dapo ablate small n64 default}
 SEEDS="0 1 2"
 # n = 32, B = 16 (512 rollouts per GRPO step); lr 3e-5: at the tiny recipe's 1e-4, GRPO lowered the
 # held-out accuracy on the graded pool within 20 steps (so did B = 32, and no std normalisation)
@@ -41,6 +41,12 @@ for level in $LEVELS; do
             # shellcheck disable=SC2086
             pc-megatron compare tiny $MAP $GRADED70 scheduler.adaptive_pilot=8 --methods grpo adaptive \
                 --seeds $SEEDS --jobs 2 --out "$OUT/graded70-pilot8"
+            continue ;;
+        small)  # the graded70 mix on a pool of 1,000 prompts: several epochs in 80 steps, where what the
+            # run learned about a prompt in one epoch can steer the next (4,000 prompts: 0.3 to 1.3 epochs)
+            # shellcheck disable=SC2086
+            pc-megatron compare tiny $MAP $GRADED70 data.synthetic.num_train=1000 \
+                --methods grpo pilot_commit adaptive --seeds $SEEDS --jobs 2 --out "$OUT/graded70-small"
             continue ;;
         n64)  # n = 64 as 16 + 48, B = 8 (the same 512 rollouts per GRPO step)
             # shellcheck disable=SC2086

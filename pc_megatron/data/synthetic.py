@@ -90,6 +90,10 @@ class SyntheticTaskConfig:
     solved_frac: float = 0.0
     """``graded`` pool: share of prompts whose initial pass rate is above 0.98; the rest lie in
     [0.02, 0.98], in the order the natural mix draws them."""
+    pool_size: int = 0
+    """RL pool size; 0 = num_train. ``hard`` takes the first pool_size train rows, ``easy`` and
+    ``graded`` their first pool_size candidates in each band (so a smaller pool is a subset of
+    the larger one's selection); the held-out split and the warm-start stay the same."""
     num_eval_expected: int = 2000
     """Held-out prompts added to the held-out split for the exact expected accuracy
     (``eval.expected``), drawn after the RL pool is chosen and disjoint from every split and
@@ -98,7 +102,7 @@ class SyntheticTaskConfig:
 
 POOLS = ("hard", "easy", "graded")
 # fields that do not change the base splits (they select the RL pool, or draw after it)
-POOL_FIELDS = ("pool", "easy_pass_band", "hopeless_frac", "solved_frac", "num_eval_expected")
+POOL_FIELDS = ("pool", "easy_pass_band", "hopeless_frac", "solved_frac", "pool_size", "num_eval_expected")
 
 
 def split_fields(cfg: SyntheticTaskConfig) -> dict:
