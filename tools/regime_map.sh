@@ -45,7 +45,7 @@ for level in $LEVELS; do
         small)  # the graded70 mix on a pool of 1,000 prompts: several epochs in 80 steps, where what the
             # run learned about a prompt in one epoch can steer the next (4,000 prompts: 0.3 to 1.3 epochs)
             # shellcheck disable=SC2086
-            pc-megatron compare tiny $MAP $GRADED70 data.synthetic.num_train=1000 \
+            pc-megatron compare tiny $MAP $GRADED70 data.synthetic.pool_size=1000 \
                 --methods grpo pilot_commit adaptive --seeds $SEEDS --jobs 2 --out "$OUT/graded70-small"
             continue ;;
         n64)  # n = 64 as 16 + 48, B = 8 (the same 512 rollouts per GRPO step)
