@@ -1,0 +1,148 @@
+"""The regime map from the `pc-megatron compare` folders that tools/regime_map.sh writes: per pool
+(level), GRPO's degenerate-group share against each method's rollouts to GRPO's best and its
+accuracy gain at equal rollouts, with 95% intervals over seeds.
+
+    python tools/map_report.py runs/map [--out docs/regime_map] [--levels easy hard ...]
+
+For every method beside GRPO, per level:
+- ``ratio``: GRPO's mean rollouts to the target over the method's (> 1: the method needs fewer),
+  the target being the best point of GRPO's seed-mean curve (compare.json's ``<m>_vs_grpo``);
+  ``reached``: at how many seeds the method got there at all;
+- ``paired AUC gain``: the method's mean accuracy over the first B rollouts minus GRPO's at the
+  same seed (same pool order, same held-out set), B being the fewest rollouts any run of the
+  level made; a t-interval over seeds. Both for the exact expected accuracy and greedy accuracy.
+Writes ``OUT.md`` (the table) and ``OUT.png`` (gain and ratio against GRPO's degenerate share).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pc_megatron.compare import area, curve, interval
+from pc_megatron.observability import POLICY_LABELS, read_metrics
+
+LEVELS = ["easy", "hard", "graded40", "graded70", "graded70-n64", "graded70-small", "graded70-pilot8"]
+
+
+def level_rows(folder: Path) -> dict:
+    result = json.loads((folder / "compare.json").read_text())
+    seeds, methods = result["seeds"], list(result["methods"])
+    runs = {(m, s): read_metrics(folder / f"seed{s}" / m) for m in methods for s in seeds}
+    budget = min(rows[-1]["cum_rollouts"] for rows in runs.values())
+    grpo = result["methods"]["grpo"]
+    out = {
+        "level": folder.name,
+        "seeds": seeds,
+        "target": result["target"],
+        "budget": budget,
+        "grpo_degenerate": grpo["degenerate_frac_mean"],
+        "grpo_rollouts": grpo["rollouts_to_target"],
+        "methods": {},
+    }
+    for m in methods:
+        if m == "grpo":
+            continue
+        gains = {}
+        for key in ("eval_expected_accuracy", "eval_accuracy"):
+            diffs = [area(curve(runs[m, s], key), budget) - area(curve(runs["grpo", s], key), budget) for s in seeds]
+            gains[key] = interval(diffs)
+        last = {s: runs[m, s][-1] for s in seeds}
+        out["methods"][m] = {
+            "ratio": result.get(f"{m}_vs_grpo"),
+            "reached": result["methods"][m]["rollouts_to_target"]["reached"],
+            "rollouts": result["methods"][m]["rollouts_to_target"],
+            "gain_expected": gains["eval_expected_accuracy"],
+            "gain_greedy": gains["eval_accuracy"],
+            "rollouts_per_update": statistics.mean(last[s]["cum_rollouts"] / last[s]["step"] for s in seeds),
+            "degenerate": result["methods"][m]["degenerate_frac_mean"],
+        }
+    return out
+
+
+def _iv(d: dict | None, spec: str) -> str:
+    if not d or d.get("mean") is None:
+        return "-"
+    if not d.get("ci95"):
+        return format(d["mean"], spec)
+    lo, hi = d["ci95"]
+    return f"{format(d['mean'], spec)} [{format(lo, spec)}, {format(hi, spec)}]"
+
+
+def to_markdown(levels: list[dict]) -> str:
+    lines = [
+        "| level | GRPO degenerate share | method | rollouts per update (GRPO: 512) "
+        "| rollouts to target, GRPO / method | reached | AUC gain, expected acc. | AUC gain, greedy acc. |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in levels:
+        for m, r in lv["methods"].items():
+            ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+            lines.append(
+                f"| {lv['level']} | {_iv(lv['grpo_degenerate'], '.2f')} | {POLICY_LABELS.get(m, m)} "
+                f"| {r['rollouts_per_update']:,.0f} | {ratio} | {r['reached']} "
+                f"| {_iv(r['gain_expected'], '+.4f')} | {_iv(r['gain_greedy'], '+.3f')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(levels: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    methods = sorted({m for lv in levels for m in lv["methods"]})
+    for k, m in enumerate(methods):
+        pts = [(lv["grpo_degenerate"]["mean"], lv["methods"][m], lv["level"]) for lv in levels if m in lv["methods"]]
+        pts.sort(key=lambda p: p[0])
+        xs = [p[0] + 0.006 * (k - 1) for p in pts]  # a small offset so the bars do not overlap
+        g = [p[1]["gain_expected"] for p in pts]
+        err = [
+            [x["mean"] - x["ci95"][0] for x in g] if all(x["ci95"] for x in g) else None,
+            [x["ci95"][1] - x["mean"] for x in g] if all(x["ci95"] for x in g) else None,
+        ]
+        yerr = err if err[0] is not None else None
+        ax1.errorbar(xs, [x["mean"] for x in g], yerr=yerr, marker="o", capsize=3, label=POLICY_LABELS.get(m, m))
+        ratios = [(x, p[1]["ratio"]) for x, p in zip(xs, pts, strict=True) if p[1]["ratio"] is not None]
+        ax2.plot([r[0] for r in ratios], [r[1] for r in ratios], marker="o", label=POLICY_LABELS.get(m, m))
+        for x, p in zip(xs, pts, strict=True):
+            ax1.annotate(p[2], (x, p[1]["gain_expected"]["mean"]), fontsize=6, alpha=0.6)
+    ax1.axhline(0, color="gray", linewidth=1)
+    ax1.set_xlabel("GRPO's degenerate-group share (mean over updates)")
+    ax1.set_ylabel("AUC gain over GRPO, expected accuracy\n(paired by seed, 95% interval)")
+    ax2.axhline(1, color="gray", linewidth=1)
+    ax2.set_xlabel("GRPO's degenerate-group share (mean over updates)")
+    ax2.set_ylabel("GRPO's rollouts to target / method's")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("root", type=Path)
+    ap.add_argument("--out", type=Path, default=Path("regime_map"))
+    ap.add_argument("--levels", nargs="+", default=LEVELS)
+    args = ap.parse_args()
+    levels = [level_rows(args.root / lv) for lv in args.levels if (args.root / lv / "compare.json").is_file()]
+    if not levels:
+        raise SystemExit(f"no compare.json under {args.root} for levels {args.levels}")
+    table = to_markdown(levels)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(table)
+    args.out.with_suffix(".json").write_text(json.dumps(levels, indent=2))
+    plot(levels, args.out.with_suffix(".png"))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
