@@ -595,7 +595,10 @@ class RayRuntime:
             head = bundles[0]
             if on_gpu and tp > 1:  # vLLM's Ray workers take the GPU shares; the actor only drives them
                 opts = _on(head, rcfg.cpus_per_bundle * share, 0, capture=True)
-                opts["runtime_env"] = {"env_vars": {"VLLM_RAY_PER_WORKER_GPUS": str(share)}}
+                # the engine core in the actor's own process, so that vLLM finds the actor's
+                # placement group (a spawned engine-core process is no Ray worker and has none)
+                env = {"VLLM_RAY_PER_WORKER_GPUS": str(share), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+                opts["runtime_env"] = {"env_vars": env}
                 ray_bundles = [b.index for b in bundles]
             else:
                 opts, ray_bundles = _on(head, rcfg.cpus_per_bundle * share, share if on_gpu else 0), None
