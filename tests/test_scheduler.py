@@ -288,3 +288,24 @@ def test_adaptive_spends_little_where_groups_degenerate_and_nothing_extra_where_
     grpo, _ = _rollouts_per_mixed_group("grpo", informative)
     adaptive, pilot_share = _rollouts_per_mixed_group("adaptive", informative)
     assert adaptive == grpo and pilot_share == 0.0
+
+
+def test_adaptive_skips_prompts_it_knows_are_saturated_when_they_are_nearly_so():
+    """Real "hopeless" prompts are rarely exactly p = 0 (nor solved ones exactly 1): with pass
+    rates within 0.5% of 0 or 1, the posterior learns over epochs of a small pool that such a
+    prompt's 32-group will be all alike, and skips it; a prompt at p = 1% is not skipped, since its
+    32-group is mixed 27% of the time, above ``adaptive_skip_below`` (the graded pool's
+    "hopeless" prompts, p < 0.02, are mostly of that kind: docs/LOG.md, 2026-12-04)."""
+
+    def skipped(hopeless: list[float], solved: list[float]) -> int:
+        rates = hopeless * 15 + solved * 8 + [0.1, 0.3, 0.5, 0.7, 0.9] * 6
+        sched, oracle = Scheduler(SchedulerConfig(policy="adaptive", bind=False), 200, 8, 32, 0), Oracle(200, 1)
+        oracle.p = [random.Random(i).choice(rates) for i in range(200)]
+        for step in range(60):
+            oracle.version = step
+            sched.next_batch(step, oracle, policy_version=step)
+        assert sched.epoch >= 3
+        return sched.counts["skipped_confident"]
+
+    assert skipped([0.0, 0.002, 0.005], [1.0, 0.998, 0.995]) > 100
+    assert skipped([0.01] * 3, [0.99] * 3) == 0
