@@ -80,6 +80,13 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from pc_megatron.report import report
+
+    print(report([Path(d) for d in args.run_dirs], Path(args.out)))
+    return 0
+
+
 def _convert(args: argparse.Namespace) -> int:
     from pc_megatron.convert import hf_to_megatron, megatron_to_hf_folder
 
@@ -129,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--seeds", type=int, nargs="+", help="run every method at each seed (default: the recipe's)")
     p_cmp.add_argument("--jobs", type=int, default=1, help="runs at a time (threads are split between them)")
     p_cmp.set_defaults(func=_compare)
+    p_rep = sub.add_parser("report", help="one Markdown page of plots from the metrics of one or several runs")
+    p_rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p_rep.add_argument("--out", required=True, metavar="DIR", help="folder for report.md and its PNGs")
+    p_rep.set_defaults(func=_report)
     p_cv = sub.add_parser("convert", help="HF <-> Megatron tensor-parallel shards (see pc_megatron/convert.py)")
     p_cv.add_argument("--to", required=True, choices=["hf", "megatron"])
     p_cv.add_argument("src", help="HF folder (--to megatron); shard folder, checkpoint or run directory (--to hf)")

@@ -14,8 +14,16 @@ Pure Python (the scheduler imports no torch).
 
 from __future__ import annotations
 
-GRID = tuple(i / 50 for i in range(51))
-_FLAT = tuple(1 / len(GRID) for _ in GRID)
+# Pass rates the posterior can take: dense near 0 and 1, where an n-sample group's chance of being
+# mixed changes fastest (at n = 32: 15% at p = 0.005, 48% at p = 0.02). A uniform grid of step
+# 0.02 could not tell a prompt solved 99.5% of the time from one solved 98%: every all-correct
+# pilot then looked 48% likely to give a mixed group, was committed, and came back all correct
+# (29% of the trained groups on the graded pool: docs/LOG.md, 2026-12-04).
+_EDGE = (0.0, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1)
+GRID = (*_EDGE, *(round(0.15 + 0.05 * i, 2) for i in range(15)), *(round(1 - x, 3) for x in reversed(_EDGE)))
+# uniform in p: each grid point weighs the width of the interval it stands for
+_CELLS = [(min(GRID[i + 1], 1.0) - max(GRID[i - 1], 0.0)) / 2 for i in range(1, len(GRID) - 1)]
+_FLAT = tuple(w / 1.0 for w in (GRID[1] / 2, *_CELLS, (1 - GRID[-2]) / 2))
 
 
 class PassRateBelief:
@@ -63,7 +71,7 @@ class PassRateBelief:
             for i, w in enumerate(self.posterior(prompt, step)):
                 acc[i] += w
         total = sum(acc)
-        self.prior = tuple(0.98 * a / total + 0.02 / len(GRID) for a in acc)
+        self.prior = tuple(0.98 * a / total + 0.02 * f for a, f in zip(acc, _FLAT, strict=True))
 
     def state_dict(self) -> dict:
         return {"evidence": dict(self.evidence), "prior": list(self.prior)}
