@@ -3,7 +3,7 @@
 # adaptive allocator on prompt pools from few to most degenerate groups, three seeds each, with
 # one recipe for every method and level (nothing tuned per method or per pool).
 #
-#   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate small n64 default
+#   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate small grid n64 default
 #
 # Each level is one `pc-megatron compare` (two runs at a time); a finished run is reused and a cut
 # one resumed, so the script can be run again after an interruption.
@@ -47,6 +47,20 @@ for level in $LEVELS; do
             # shellcheck disable=SC2086
             pc-megatron compare tiny $MAP $GRADED70 data.synthetic.pool_size=1000 \
                 --methods grpo pilot_commit adaptive --seeds $SEEDS --jobs 2 --out "$OUT/graded70-small"
+            continue ;;
+        grid)  # adaptive after its pass-rate grid fix (commit 0086247) beside the same GRPO and
+            # Pilot-Commit runs (reused through links), on the 4,000- and the 1,000-prompt pool
+            for lv in graded70 graded70-small; do
+                for s in $SEEDS; do
+                    mkdir -p "$OUT/$lv-grid/seed$s"
+                    for m in grpo pilot_commit; do ln -sfn "$(realpath "$OUT/$lv/seed$s/$m")" "$OUT/$lv-grid/seed$s/$m"; done
+                done
+                size=""
+                [ $lv = graded70-small ] && size="data.synthetic.pool_size=1000"
+                # shellcheck disable=SC2086
+                pc-megatron compare tiny $MAP $GRADED70 $size --methods grpo pilot_commit adaptive --seeds $SEEDS \
+                    --jobs 2 --out "$OUT/$lv-grid"
+            done
             continue ;;
         n64)  # n = 64 as 16 + 48, B = 8 (the same 512 rollouts per GRPO step)
             # shellcheck disable=SC2086
