@@ -1,4 +1,4 @@
-"""``pc-megatron``: train, warmstart, compare, convert, config show."""
+"""``pc-megatron``: train, warmstart, compare, profile, report, convert, config show."""
 
 from __future__ import annotations
 
@@ -80,6 +80,18 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace) -> int:
+    from pc_megatron.config import load_config
+    from pc_megatron.profiling import profile
+
+    cfg = load_config(*_recipe_and_overrides(args))
+    out = Path(args.out)
+    res = profile(cfg, out, args.steps, args.warmup)
+    print((out / "breakdown.md").read_text().split("## Top operators")[0].rstrip())
+    print(f"\n{out}: trace.json, breakdown.md, breakdown.png (phases = {res['phase_sum_over_step']:.1%} of the step)")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from pc_megatron.report import report
 
@@ -136,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--seeds", type=int, nargs="+", help="run every method at each seed (default: the recipe's)")
     p_cmp.add_argument("--jobs", type=int, default=1, help="runs at a time (threads are split between them)")
     p_cmp.set_defaults(func=_compare)
+    p_prof = sub.add_parser("profile", help="torch.profiler over a few steps: trace, per-phase breakdown, memory")
+    p_prof.add_argument("recipe", nargs="?")
+    p_prof.add_argument("overrides", nargs="*")
+    p_prof.add_argument("--steps", type=int, default=3, help="profiled steps")
+    p_prof.add_argument("--warmup", type=int, default=2, help="steps run before profiling starts")
+    p_prof.add_argument("--out", required=True, metavar="DIR", help="folder for trace.json, breakdown.md/png")
+    p_prof.set_defaults(func=_profile)
     p_rep = sub.add_parser("report", help="one Markdown page of plots from the metrics of one or several runs")
     p_rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p_rep.add_argument("--out", required=True, metavar="DIR", help="folder for report.md and its PNGs")

@@ -94,9 +94,9 @@ def summarize(cfg, run_dir: Path, wall_s: float) -> dict:
     phases = sorted({k for r in steps for k in r if k.startswith("time_") and k != "time_step_s"})
     summary = {
         "steps": cfg.steps,
-        "initial_eval_accuracy": evals[0][EVAL_KEY],
-        "final_eval_accuracy": evals[-1][EVAL_KEY],
-        "best_eval_accuracy": max(r[EVAL_KEY] for r in evals),
+        "initial_eval_accuracy": evals[0][EVAL_KEY] if evals else math.nan,  # none in a profile
+        "final_eval_accuracy": evals[-1][EVAL_KEY] if evals else math.nan,
+        "best_eval_accuracy": max((r[EVAL_KEY] for r in evals), default=math.nan),
         "cum_rollouts": rows[-1]["cum_rollouts"],
         "cum_generated_tokens": rows[-1]["cum_generated_tokens"],
         "max_logprob_mismatch": max((r.get("logprob_mismatch_max", 0.0) for r in steps), default=0.0),
@@ -108,7 +108,8 @@ def summarize(cfg, run_dir: Path, wall_s: float) -> dict:
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     label = POLICY_LABELS.get(cfg.scheduler.policy, cfg.scheduler.policy)
-    plot_accuracy({label: eval_curve(rows)}, run_dir / "eval_accuracy.png")
+    if evals:
+        plot_accuracy({label: eval_curve(rows)}, run_dir / "eval_accuracy.png")
     table = [
         ("run directory", str(run_dir)),
         ("steps", str(cfg.steps)),

@@ -54,8 +54,11 @@ class LoopState:
     last_eval_accuracy: float = float("nan")
 
 
-def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
-    """The RL run, driven from this process; ``runtime`` places the learner and the engines."""
+def train(cfg: Any, run_dir: Path, resume: bool = False, capture=None) -> dict:
+    """The RL run, driven from this process; ``runtime`` places the learner and the engines.
+
+    ``capture`` (``pc-megatron profile``): ``capture.step(step)`` is entered around each step;
+    a captured run measures steps only (no held-out evaluation, no checkpoint)."""
     t_start = time.time()
     torch.set_num_threads(cfg.threads)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -68,10 +71,10 @@ def train(cfg: Any, run_dir: Path, resume: bool = False) -> dict:
         rewards = stack.enter_context(RewardPool(OmegaConf.to_object(cfg.reward)))
         runtime = build_runtime(cfg, policy_dir, run_dir)
         stack.callback(runtime.close)
-        return _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start)
+        return _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start, capture)
 
 
-def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start: float) -> dict:
+def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start: float, capture) -> dict:
     learner, fleet = runtime.learner, runtime.fleet
     B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
     scheduler = Scheduler(OmegaConf.to_object(cfg.scheduler), len(task.train), B, n, seed=cfg.seed)
@@ -101,7 +104,7 @@ def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_
         loop.last_eval_accuracy = out["eval_accuracy"]
         return out
 
-    if found is None:
+    if found is None and capture is None:
         times = PhaseTimes()
         with times("eval"):
             row = {"step": 0, "cum_rollouts": 0, "cum_generated_tokens": 0, **run_eval(0)}
@@ -109,38 +112,49 @@ def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_
     steps = range(loop.step + 1, cfg.steps + 1)
     bar = tqdm(steps, cfg.scheduler.policy, initial=loop.step, total=cfg.steps, disable=not cfg.progress)
     for step in bar:
-        t_step, times = time.perf_counter(), PhaseTimes()
-        rollouts.begin_step(step, times)
-        with times("scheduler"):  # its own decisions; the fleet and reward calls it makes are timed apart
-            plan = scheduler.next_batch(step, rollouts, policy_version=learner.version)
-        row = {"step": step, **plan.metrics(), **rollouts.metrics()}
-        if plan.groups:
-            fleet.sleep()
-            row |= rl_update(
-                learner,
-                runtime.ref_learner,
-                plan.groups,
-                rollouts.prompt_ids,
-                tokenizer,
-                loss_cfg,
-                params.temperature,
-                times,
-                separate_old_logprobs=cfg.algo.old_logprobs == "separate",
-            )
-            with times("sync"):
-                row |= runtime.sync_weights()
-                learner.offload()
-            row["engine_weight_version"] = fleet.weight_version
-        row["policy_version"] = learner.version
-        if step % cfg.eval.every_steps == 0 or step == cfg.steps:
-            with times("eval"):
-                row |= run_eval(step)
-        metrics.write({**row, **times.metrics(), "time_step_s": time.perf_counter() - t_step})
+        with capture.step(step) if capture else contextlib.nullcontext():
+            eval_now = run_eval if capture is None and (step % cfg.eval.every_steps == 0 or step == cfg.steps) else None
+            row = _step(cfg, step, scheduler, rollouts, runtime, loss_cfg, eval_now)
+        metrics.write(row)
         bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.2f}", acc=f"{loop.last_eval_accuracy:.3f}")
-        if (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or step == cfg.steps:
+        last = step == cfg.steps and capture is None
+        if (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or last:
             loop.step, loop.wall_s = step, wall_at_start + time.time() - t_start
             state = {"scheduler": scheduler.state_dict(), "loop": asdict(loop)}
             save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, policy_dir, learner)
     bar.close()
     metrics.close()
     return summarize(cfg, run_dir, wall_at_start + time.time() - t_start)
+
+
+def _step(cfg, step: int, scheduler: Scheduler, rollouts: Rollouts, runtime, loss_cfg, eval_now) -> dict:
+    """One RL step (``eval_now``: the held-out evaluation, when this step has one): its metrics row."""
+    learner, fleet = runtime.learner, runtime.fleet
+    t_step, times = time.perf_counter(), PhaseTimes()
+    rollouts.begin_step(step, times)
+    with times("scheduler"):  # its own decisions; the fleet and reward calls it makes are timed apart
+        plan = scheduler.next_batch(step, rollouts, policy_version=learner.version)
+    row = {"step": step, **plan.metrics(), **rollouts.metrics()}
+    if plan.groups:
+        with times("engine_sleep"):
+            fleet.sleep()
+        row |= rl_update(
+            learner,
+            runtime.ref_learner,
+            plan.groups,
+            rollouts.prompt_ids,
+            rollouts.tokenizer,
+            loss_cfg,
+            rollouts.params.temperature,
+            times,
+            separate_old_logprobs=cfg.algo.old_logprobs == "separate",
+        )
+        with times("sync"):
+            row |= runtime.sync_weights()
+            learner.offload()
+        row["engine_weight_version"] = fleet.weight_version
+    row["policy_version"] = learner.version
+    if eval_now is not None:
+        with times("eval"):
+            row |= eval_now(step)
+    return {**row, **times.metrics(), "time_step_s": time.perf_counter() - t_step}

@@ -52,6 +52,7 @@ def rl_update(
         adv = group_advantages(rewards, group_ids, loss_cfg.normalize_adv_by_std)
         behaviour = engine_logp if loss_cfg.tis_cap > 0 else None
         stats = learner.train_rl(batch, old_logp, adv, loss_cfg, temperature, ref_logp, behaviour)
+    times.carve("train", "optimizer", stats.pop("time_optimizer_s"))
     if old_logp is None:
         old_logp = stats.pop("old_logp")
     # the learner's version is now one past the weights that gave old_logp

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from pc_megatron.learner.model import build_gpt_model, resolve_transformer_impl
 from pc_megatron.learner.offload import PinnedOffload
 from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.arch import ArchSpec, load_arch
+from pc_megatron.profiling import phase_range
 from pc_megatron.weight_sync.mapping import megatron_to_hf
 from pc_megatron.weight_sync.sharding import (
     HFTensors,
@@ -378,19 +380,28 @@ class Learner:
                 f"a batch of {len(batch)} sequences cannot feed {self.parallel.data_parallel_size} data-parallel "
                 "ranks; train on at least one sequence per rank (algo.prompts_per_step x samples_per_prompt)"
             )
-        sums = self._run(batch, loss_fn, keys, forward_only=False)
+        with phase_range("forward_backward"):
+            sums = self._run(batch, loss_fn, keys, forward_only=False)
         loss = sums["loss"] / max(sums["tokens"], 1.0)
         if not math.isfinite(loss):
             raise TrainingError(
                 f"non-finite loss ({loss}) at policy version {self.version}; nothing was applied "
                 "and the last checkpoint is intact: lower the learning rate or check the rewards"
             )
-        _, grad_norm, _ = self.optimizer.step()
+        t_opt = time.perf_counter()
+        with phase_range("optimizer"):
+            _, grad_norm, _ = self.optimizer.step()
+        t_opt = time.perf_counter() - t_opt
         if grad_norm is not None and not math.isfinite(grad_norm):
             raise TrainingError(f"non-finite gradient norm at policy version {self.version}; lower the learning rate")
         self.scheduler.step(1)
         self.version += 1
-        out = {"loss": loss, "grad_norm": float(grad_norm or 0.0), "lr": self.optimizer.param_groups[0]["lr"]}
+        out = {
+            "loss": loss,
+            "grad_norm": float(grad_norm or 0.0),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "time_optimizer_s": t_opt,
+        }
         out.update({k: sums[k] / max(sums["tokens"], 1.0) for k in keys})
         return out
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from pc_megatron.errors import ConfigError
+from pc_megatron.profiling import phase_range
 from pc_megatron.rollout.base import Completion, RolloutConfig, SamplingParams, sample_seed
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
 from pc_megatron.weight_sync.transport import make_sender, push_weights
@@ -166,12 +167,14 @@ class VllmEngine:
 
     def sleep(self) -> None:
         if self.sleep_level and not self._asleep:
-            self.llm.sleep(level=self.sleep_level)
+            with phase_range("engine_sleep"):
+                self.llm.sleep(level=self.sleep_level)
             self._asleep = True
 
     def _wake(self, tags: list[str] | None = None) -> None:
         if self._asleep:
-            self.llm.wake_up(tags)
+            with phase_range("engine_wake"):
+                self.llm.wake_up(tags)
             self._asleep = tags is not None and "kv_cache" not in tags
 
     # ------------------------------------------------------------------ weights
