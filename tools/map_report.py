@@ -27,7 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pc_megatron.compare import area, curve, interval
 from pc_megatron.observability import POLICY_LABELS, read_metrics
 
-LEVELS = ["easy", "hard", "graded40", "graded70", "graded70-grid", "graded70-small", "graded70-small-grid", "graded70-n64"]
+LEVELS = [
+    "easy",
+    "hard",
+    "graded40",
+    "graded70",
+    "graded70-grid",
+    "graded70-small",
+    "graded70-small-grid",
+    "graded70-n64",
+]
 
 
 def level_rows(folder: Path) -> dict:
