@@ -1,0 +1,43 @@
+# syntax=docker/dockerfile:1
+# GPU image: CUDA 13.0 devel base (Transformer Engine compiles its torch extension against it),
+# torch 2.13.0 (CUDA 13.0 build), Transformer Engine, vLLM 0.32, Ray, Megatron-Core; every Python
+# package at the version in constraints.txt, the base image at the `# image gpu-base` line there.
+#
+# NOT BUILT: no Docker engine runs on the machines this project is developed on. What was checked
+# there: the file parses (tests/test_images.py, Docker's own parser), and the pins resolve for
+# Linux x86_64 / Python 3.12 wheels (docs/LOG.md). Build: docker/build.sh gpu
+ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
+FROM ${BASE_IMAGE}
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_CONSTRAINT=/opt/pc-megatron/constraints.txt \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_VERBOSITY=error \
+    RAY_AUTH_MODE=disabled
+
+# iproute2: the two-node test's network namespaces; git: Megatron-Core's optional checks
+# apt packages: those of the base image's release (DL3008: not pinned; the base tag is)
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev git iproute2 \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3.12 -m venv /opt/venv
+
+WORKDIR /opt/pc-megatron
+COPY constraints.txt pyproject.toml README.md ./
+# torch first: Transformer Engine's extension is built against the torch already installed
+RUN pip install torch==2.13.0 \
+    && pip install --no-build-isolation "transformer-engine[pytorch]==2.20.2"
+COPY pc_megatron ./pc_megatron
+COPY kernels ./kernels
+COPY configs ./configs
+COPY tools ./tools
+COPY tests ./tests
+RUN pip install --no-build-isolation -e ".[gpu,test]" \
+    && python -c "import torch, vllm, ray, transformer_engine, megatron.core; print('image ok', torch.__version__, vllm.__version__)"
+
+ENTRYPOINT ["pc-megatron"]
+CMD ["train", "tiny"]

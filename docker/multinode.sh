@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# A multi-node run from the GPU image, without SLURM: one container per node, host networking
+# (Ray and NCCL talk between nodes directly), all GPUs, the host's shared memory, and one shared
+# folder at the same path on every node for models, data and run directories.
+#
+#   on the head:        docker/multinode.sh head IMAGE SHARED_DIR
+#   on every other:     docker/multinode.sh worker IMAGE SHARED_DIR HEAD_IP
+#   then, on the head:  docker/multinode.sh train IMAGE SHARED_DIR RECIPE [key=value ...]
+#
+# e.g. docker/multinode.sh train pc-megatron:gpu-0.1.0 /shared configs/qwen2.5-1.5b-h200.yaml
+# The train step runs the driver in a container of its own on the head (no GPU of its own:
+# Ray places the learner ranks and engine replicas on the nodes' GPUs). Not run here (no Docker
+# engine and no cluster on the development machines); docs/CLUSTER.md has the same launch by hand.
+set -euo pipefail
+role=${1:?usage: docker/multinode.sh head|worker|train IMAGE SHARED_DIR [HEAD_IP | RECIPE ...]}
+image=${2:?image tag, e.g. pc-megatron:gpu-0.1.0}
+shared=${3:?a folder every node mounts at the same path}
+shift 3
+PORT=${PCM_RAY_PORT:-6379}
+run=(docker run --rm --network host --ipc host --shm-size 64g --ulimit memlock=-1
+     -e RAY_AUTH_MODE=disabled -v "$shared:$shared" -w "$shared" --entrypoint "")
+# the interface NCCL and Gloo use between nodes, where the host has several
+[ -n "${NCCL_SOCKET_IFNAME:-}" ] && run+=(-e NCCL_SOCKET_IFNAME -e GLOO_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME")
+case $role in
+    head)
+        exec "${run[@]}" --gpus all --name pcm-ray-head "$image" \
+            ray start --head --port="$PORT" --num-gpus="$(nvidia-smi -L | wc -l)" --block ;;
+    worker)
+        head_ip=${1:?the IP address of the head node}
+        exec "${run[@]}" --gpus all --name pcm-ray-worker "$image" \
+            ray start --address="$head_ip:$PORT" --num-gpus="$(nvidia-smi -L | wc -l)" --block ;;
+    train)
+        recipe=${1:?a recipe (configs/... or a YAML in SHARED_DIR)}
+        shift
+        exec "${run[@]}" --name pcm-driver "$image" \
+            pc-megatron train "$recipe" "$@" runtime=ray ray.address="127.0.0.1:$PORT" out_dir="$shared/runs" ;;
+    *) echo "unknown role '$role': head, worker or train" >&2; exit 2 ;;
+esac

@@ -1,0 +1,82 @@
+"""The images and the pins they share: what can be checked without a Docker engine.
+
+Docker's own parser reads each Dockerfile; every file it copies exists; the base image and every
+version it names agree with constraints.txt; the pins cover every dependency the project declares;
+and this environment (installed with ``-c constraints.txt``, as CI and the images do) holds
+exactly the pinned versions.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import dockerfile
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("gpu", "cpu")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version and " " not in line, f"constraints.txt: '{line}' is not name==version"
+            assert _norm(name) not in pins, f"constraints.txt pins {name} twice"
+            pins[_norm(name)] = version
+    return pins
+
+
+def _bases() -> dict[str, str]:
+    text = (ROOT / "constraints.txt").read_text()
+    return dict(re.findall(r"^# image (\w+)-base (\S+)$", text, re.M))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[f"{k}-image" for k in KINDS])
+def test_dockerfile_parses_and_agrees_with_the_pins(kind):
+    commands = dockerfile.parse_file(str(ROOT / "docker" / f"{kind}.Dockerfile"))
+    by = lambda cmd: [c for c in commands if c.cmd == cmd]  # noqa: E731
+    args = dict(a.value[0].split("=", 1) for a in by("ARG") if "=" in a.value[0])
+    assert [f.value[0] for f in by("FROM")] == ["${BASE_IMAGE}"]
+    assert args["BASE_IMAGE"] == _bases()[kind]  # the default and docker/build.sh's argument agree
+    for copy in by("COPY"):
+        for src in copy.value[:-1]:
+            assert (ROOT / src).exists(), f"{kind}.Dockerfile copies {src}, which is not in the tree"
+    pins = _pins()
+    for run in by("RUN"):
+        for name, version in re.findall(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([0-9][0-9A-Za-z.+-]*)", run.value[0]):
+            assert pins.get(_norm(name)) == version, f"{kind}.Dockerfile installs {name}=={version}"
+    env = dict(zip(*[iter(next(c for c in by("ENV")).value)] * 2, strict=True))
+    assert env["PIP_CONSTRAINT"].endswith("/constraints.txt")  # every pip call in the image is pinned
+
+
+def test_every_declared_dependency_is_pinned():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
+    pins = _pins()
+    missing = [d for d in declared if _norm(re.match(r"[A-Za-z0-9_.-]+", d).group()) not in pins]
+    assert not missing, f"not in constraints.txt (run tools/update_pins.sh): {missing}"
+
+
+def test_this_environment_is_the_pinned_one():
+    pins = _pins()
+    off = {}
+    for dist in metadata.distributions():
+        name = _norm(dist.metadata["Name"])
+        if name in pins and dist.version.split("+")[0] != pins[name]:
+            off[name] = (dist.version, pins[name])
+    assert not off, f"installed (version, pinned): {off}; install with -c constraints.txt"
+
+
+def test_build_script_refuses_an_unknown_image_kind():
+    res = subprocess.run(["bash", str(ROOT / "docker" / "build.sh"), "tpu"], capture_output=True, text=True)
+    assert res.returncode == 2 and "gpu or cpu" in res.stderr
