@@ -66,23 +66,49 @@ def _panel_accuracy(ax, runs, x: str) -> None:
     ax.set_ylabel("held-out accuracy")
 
 
-def _panel_per_update(ax, runs, keys: tuple[str, ...], ylabel: str) -> None:
+def _smooth(ys: list[float], window: int) -> list[float]:
+    """Trailing mean over ``window`` points (fewer at the start)."""
+    acc = list(itertools.accumulate(ys, initial=0.0))
+    return [(acc[i + 1] - acc[max(0, i + 1 - window)]) / min(i + 1, window) for i in range(len(ys))]
+
+
+def _panel_per_update(ax, runs, keys: tuple[str, ...], ylabel: str, smooth: bool = True) -> None:
+    """One line per run and key; with ``smooth`` and over 20 updates, a trailing mean over a
+    twentieth of the run (the raw values faint behind it)."""
+    window = 1
     for (name, rows), color in zip(runs.items(), itertools.cycle(f"C{i}" for i in range(10)), strict=False):
         ups = _updates(rows)
+        window = max(1, len(ups) // 20) if smooth else 1
         for key, style in zip(keys, ("-", "--", ":"), strict=False):
             pts = [(r["step"], r[key]) for r in ups if key in r]
             if pts:
-                ax.plot(*zip(*pts, strict=True), style, color=color, linewidth=1, label=f"{name} {key}")
-    ax.set_xlabel("update")
+                xs, ys = zip(*pts, strict=True)
+                if window > 1:
+                    ax.plot(xs, ys, style, color=color, linewidth=0.5, alpha=0.25)
+                ax.plot(xs, _smooth(list(ys), window), style, color=color, linewidth=1.2, label=f"{name} {key}")
+    ax.set_xlabel("update" + (f" (lines: trailing mean over {window} updates)" if window > 1 else ""))
     ax.set_ylabel(ylabel)
+
+
+def _trained_degenerate(rows: list[dict]) -> float:
+    """Rollouts trained in groups that were all correct or all wrong (zero advantage: no gradient)."""
+    return sum(
+        r.get("sched/step_trained", 0) * (r.get("frac_all_correct", 0.0) + r.get("frac_all_wrong", 0.0))
+        for r in _updates(rows)
+    )
 
 
 def _panel_counters(ax, runs) -> None:
     names = list(runs)
-    cats = ["trained", *WASTE]
+    degenerate = [_trained_degenerate(runs[n]) for n in names]
+    trained = [runs[n][-1].get("sched/cum_trained", 0) for n in names]
+    stacks = {
+        "trained, informative": [t - d for t, d in zip(trained, degenerate, strict=True)],
+        "trained, degenerate (zero advantage)": degenerate,
+        **{cat: [runs[n][-1].get(f"sched/cum_{cat}", 0) for n in names] for cat in WASTE},
+    }
     bottoms = [0.0] * len(names)
-    for cat in cats:
-        vals = [runs[n][-1].get(f"sched/cum_{cat}", 0) for n in names]
+    for cat, vals in stacks.items():
         if any(vals):
             ax.bar(range(len(names)), vals, bottom=bottoms, label=cat)
             bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
@@ -171,7 +197,9 @@ def report(run_dirs: list[Path], out: Path) -> Path:
     _panel_phases(b, runs)
     _save(fig, out / "allocation.png")
     fig, a = plt.subplots(figsize=(6, 4))
-    _panel_per_update(a, runs, ("logprob_mismatch", "logprob_mismatch_max"), "log-prob mismatch: mean (-), max (--)")
+    _panel_per_update(
+        a, runs, ("logprob_mismatch", "logprob_mismatch_max"), "log-prob mismatch: mean (-), max (--)", smooth=False
+    )
     a.set_yscale("log")
     _save(fig, out / "mismatch.png")
     plt.close("all")

@@ -37,3 +37,15 @@ def test_labels_tell_runs_apart(tmp_path):
 
     a, b = tmp_path / "seed0" / "grpo", tmp_path / "seed1" / "grpo"
     assert _label(a, [a, b]) == "seed0/grpo" and _label(b, [a, b]) == "seed1/grpo"
+
+
+def test_allocation_splits_trained_rollouts_by_whether_their_group_could_teach():
+    from pc_megatron.report import _smooth, _trained_degenerate
+
+    rows = [
+        {"step": 0, "cum_rollouts": 0},  # the evaluation row: no update
+        {"step": 1, "time_step_s": 1.0, "sched/step_trained": 64, "frac_all_correct": 0.25, "frac_all_wrong": 0.5},
+        {"step": 2, "time_step_s": 1.0, "sched/step_trained": 32, "frac_all_correct": 0.0, "frac_all_wrong": 0.0},
+    ]
+    assert _trained_degenerate(rows) == 48  # 3/4 of step 1's groups had one reward for all
+    assert _smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
