@@ -9,9 +9,10 @@
     python tools/bench_variants.py before= after= ranges= --tree before=/tmp/before \
         --env ranges=PC_MEGATRON_PHASE_RANGES=1
 
-Runs every variant (each in a fresh process) for ``--steps`` steps, alternating (a, b, a, b, ...) so machine noise hits
-all alike, and reports per variant the median step time (first two steps excluded: start-up; steps with an evaluation too),
-the median of each phase and the weight-sync seconds and GB/s; then each variant's step time
+Runs every variant (each in a fresh process) for ``--steps`` steps, alternating (a, b, a, b,
+...) so machine noise hits all alike, and reports per variant the median step time (first two
+steps excluded: start-up; steps with an evaluation too), the median of each phase and the
+weight-sync seconds and GB/s; then each variant's step time
 as a ratio to the first one's.
 """
 
