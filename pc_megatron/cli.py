@@ -1,4 +1,4 @@
-"""``pc-megatron``: train, warmstart, compare, profile, report, convert, config show."""
+"""``pc-megatron``: train, warmstart, compare, profile, report, score, convert, config show."""
 
 from __future__ import annotations
 
@@ -92,6 +92,21 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _score(args: argparse.Namespace) -> int:
+    import json
+
+    from pc_megatron.rewards import RewardConfig
+    from pc_megatron.rewards.offline import score_file
+
+    cfg = RewardConfig(
+        name=args.reward, function=args.function or "", workers=args.workers, timeout_s=args.timeout_s, on_error="count"
+    )
+    out = Path(args.out) if args.out else None
+    summary = score_file(Path(args.file), cfg, out)
+    print(json.dumps({"file": args.file, **({"out": args.out} if out else {}), **summary}))
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from pc_megatron.report import report
 
@@ -155,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     p_prof.add_argument("--warmup", type=int, default=2, help="steps run before profiling starts")
     p_prof.add_argument("--out", required=True, metavar="DIR", help="folder for trace.json, breakdown.md/png")
     p_prof.set_defaults(func=_profile)
+    p_sc = sub.add_parser("score", help="score a JSONL of id/completion/answer rows with a reward, offline")
+    p_sc.add_argument("file", help="JSONL rows with id, completion, answer")
+    p_sc.add_argument("--reward", default="math_verify", help="registered reward name (default: math_verify)")
+    p_sc.add_argument("--function", help="or a reward function as module:function")
+    p_sc.add_argument("--out", metavar="OUT", help="write the rows with score and correct here (JSONL)")
+    p_sc.add_argument("--workers", type=int, default=2, help="reward worker processes")
+    p_sc.add_argument("--timeout-s", type=float, default=10.0, help="per-completion deadline")
+    p_sc.set_defaults(func=_score)
     p_rep = sub.add_parser("report", help="one Markdown page of plots from the metrics of one or several runs")
     p_rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p_rep.add_argument("--out", required=True, metavar="DIR", help="folder for report.md and its PNGs")

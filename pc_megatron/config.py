@@ -42,9 +42,19 @@ class DataConfig:
     """Prompt datasets."""
 
     train_path: str = ""
-    """JSONL/Parquet with id, prompt, answer; empty = the embedded synthetic task."""
+    """JSONL/Parquet with id, prompt, answer, or verl's schema (chat messages in ``prompt``,
+    ``reward_model.ground_truth``); empty = the embedded synthetic task."""
     eval_path: str = ""
-    """Held-out JSONL/Parquet; required when train_path is set."""
+    """Held-out JSONL/Parquet (as ``eval_accuracy``); with train_path, this or ``eval.sets``."""
+    chat_template: str = "auto"
+    """Apply the tokenizer's chat template: 'auto' = to rows given as chat messages, 'always' =
+    also to plain prompts (as one user message), 'never'."""
+    instruction: str = ""
+    """Appended to the last user message of every prompt (train and eval), e.g. the recipe's
+    "Let's think step by step and output the final answer within \\boxed{}."."""
+    max_prompt_tokens: int = 0
+    """Leave out prompts longer than this many tokens (after the template; counted and
+    reported as ``data/dropped_long_prompts``); 0 = keep all."""
     synthetic: SyntheticTaskConfig = field(default_factory=SyntheticTaskConfig)
 
 
@@ -82,8 +92,30 @@ class WarmStartConfig:
 
 
 @dataclass
+class EvalSetConfig:
+    """One benchmark of ``eval.sets``."""
+
+    path: str = ""
+    """JSONL/Parquet, flat or verl's schema."""
+    name: str = ""
+    """Metric name (``eval/<name>``); empty = the file name without extension."""
+    repeats: int = 1
+    """Samples per prompt: the accuracy is avg@repeats (e.g. 32 for AIME)."""
+    temperature: float | None = None
+    """Sampling temperature; empty = eval.temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling (the recipe validates at temperature 1.0, top-p 0.7)."""
+    max_new_tokens: int = 0
+    """0 = eval.max_new_tokens (or rollout.max_new_tokens)."""
+
+
+@dataclass
 class EvalConfig:
     """Held-out evaluation."""
+
+    sets: list[EvalSetConfig] = field(default_factory=list)
+    """Benchmarks evaluated beside data.eval_path, each logged as ``eval/<name>`` with their
+    mean as ``eval/mean``; without data.eval_path, ``eval_accuracy`` is that mean."""
 
     every_steps: int = 10
     """Evaluate every this many RL steps (and at the start and the end)."""
@@ -225,8 +257,28 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"algo.loss.tis_cap must be 0 (off) or >= 1 (got {loss.tis_cap}); 2.0 is a common cap")
     if cfg.eval.temperature == 0 and cfg.eval.samples_per_prompt != 1:
         raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
-    if cfg.data.train_path and not cfg.data.eval_path:
-        raise ConfigError("data.eval_path is required when data.train_path is set (held-out accuracy needs it)")
+    if cfg.data.train_path and not cfg.data.eval_path and not cfg.eval.sets:
+        raise ConfigError(
+            "data.train_path needs held-out data: set data.eval_path or eval.sets (held-out accuracy needs one)"
+        )
+    if cfg.data.chat_template not in ("auto", "always", "never"):
+        raise ConfigError(f"data.chat_template: '{cfg.data.chat_template}' is not one of auto, always, never")
+    if cfg.data.max_prompt_tokens < 0:
+        raise ConfigError("data.max_prompt_tokens must be >= 0 (0 = no limit)")
+    names = []
+    for i, s in enumerate(cfg.eval.sets):
+        if not s.path:
+            raise ConfigError(f"eval.sets[{i}]: set its path (a JSONL or Parquet file)")
+        if s.repeats < 1:
+            raise ConfigError(f"eval.sets[{i}].repeats={s.repeats}: must be >= 1")
+        temperature = cfg.eval.temperature if s.temperature is None else s.temperature
+        if temperature == 0 and s.repeats > 1:
+            raise ConfigError(f"eval.sets[{i}]: repeats > 1 needs a temperature > 0 (greedy samples are identical)")
+        if not 0 < s.top_p <= 1:
+            raise ConfigError(f"eval.sets[{i}].top_p={s.top_p}: must be in (0, 1]")
+        names.append(s.name or Path(s.path).stem)
+    if len(set(names)) < len(names):
+        raise ConfigError(f"eval.sets: two sets share a name ({names}); give each a name")
     if not cfg.data.train_path:
         validate_mix(dict(cfg.data.synthetic.mix))
         syn = cfg.data.synthetic

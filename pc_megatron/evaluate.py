@@ -33,14 +33,44 @@ def evaluate(
         top_p=1.0,
         max_new_tokens=cfg.max_new_tokens or rollout_params.max_new_tokens,
     )
+    acc, by_family = _accuracy(fleet, tokenizer, rewards, rows, cfg.samples_per_prompt, params, seed)
+    return {"eval_accuracy": acc, **{f"eval_accuracy/{f}": v for f, v in by_family.items()}}
+
+
+def evaluate_sets(
+    fleet: RolloutEngine,
+    tokenizer,
+    sets: list[tuple[str, list[PromptRow], Any]],
+    cfg: Any,
+    rewards: RewardPool,
+    rollout_params: SamplingParams,
+    seed: int,
+) -> dict[str, float]:
+    """``eval/<name>`` (avg@repeats over the set, at its own sampling) for each ``(name, rows,
+    EvalSetConfig)``, and ``eval/mean``, their unweighted mean (each benchmark counts once)."""
+    out = {}
+    for name, rows, s in sets:
+        params = dataclasses.replace(
+            rollout_params,
+            temperature=cfg.temperature if s.temperature is None else s.temperature,
+            top_p=s.top_p,
+            max_new_tokens=s.max_new_tokens or cfg.max_new_tokens or rollout_params.max_new_tokens,
+        )
+        out[f"eval/{name}"], _ = _accuracy(fleet, tokenizer, rewards, rows, s.repeats, params, seed)
+    out["eval/mean"] = sum(out.values()) / len(out)
+    return out
+
+
+def _accuracy(fleet, tokenizer, rewards, rows, k: int, params, seed: int) -> tuple[float, dict[str, float]]:
+    """Mean correctness over ``k`` samples of each row, overall and per ``meta["family"]``."""
     completions, scored = generate_and_score(
-        fleet, tokenizer, rewards, rows, encode_prompts(tokenizer, rows), cfg.samples_per_prompt, params, seed
+        fleet, tokenizer, rewards, rows, encode_prompts(tokenizer, rows), k, params, seed
     )
     by_family: dict[str, list[float]] = defaultdict(list)
     for c, res in zip(completions, scored.results, strict=True):
         by_family[str(rows[c.prompt_index].meta.get("family", "all"))].append(float(res.correct))
     acc = sum(float(r.correct) for r in scored.results) / len(scored.results)
-    return {"eval_accuracy": acc, **{f"eval_accuracy/{f}": sum(v) / len(v) for f, v in sorted(by_family.items())}}
+    return acc, {f: sum(v) / len(v) for f, v in sorted(by_family.items())}
 
 
 def expected_accuracy(

@@ -109,7 +109,9 @@ def summarize(cfg, run_dir: Path, wall_s: float) -> dict:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     label = POLICY_LABELS.get(cfg.scheduler.policy, cfg.scheduler.policy)
     if evals:
-        plot_accuracy({label: eval_curve(rows)}, run_dir / "eval_accuracy.png")
+        sets = sorted({k for r in evals for k in r if k.startswith("eval/")})  # eval.sets, and their mean
+        curves = {label: eval_curve(rows)} | {k[5:]: [(r["cum_rollouts"], r[k]) for r in evals if k in r] for k in sets}
+        plot_accuracy(curves, run_dir / "eval_accuracy.png")
     table = [
         ("run directory", str(run_dir)),
         ("steps", str(cfg.steps)),

@@ -1,9 +1,13 @@
 """Load prompt rows from JSONL or Parquet, validating every row.
 
-A row is an object with at least ``id``, ``prompt`` and ``answer`` (the format of real math
-sets such as DeepMath or Polaris after the usual flattening). Extra fields are kept in
-``meta``. A malformed row raises ``DataError`` naming the file, the line (1-based, for Parquet
-the row number) and the reason.
+Two row formats:
+- flat: ``id``, ``prompt`` (a string) and ``answer``; extra fields are kept in ``meta``;
+- verl's (what its preprocessors write for DeepMath, Polaris, MATH, AIME...): ``prompt`` a list
+  of chat messages (``role``, ``content``), ``reward_model.ground_truth`` the answer,
+  ``extra_info.index`` the id (else the row number), ``data_source`` and the rest kept in
+  ``meta``; the messages are in ``meta["messages"]`` and ``prompt`` is the last user message.
+A malformed row raises ``DataError`` naming the file, the line (1-based, for Parquet the row
+number) and the reason.
 """
 
 from __future__ import annotations
@@ -27,7 +31,27 @@ class PromptRow:
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
-def _validate(obj: Any, where: str) -> PromptRow:
+def _from_verl(obj: dict, where: str, row: int) -> dict:
+    """A verl-schema row as a flat one (id, prompt, answer, messages, the rest)."""
+    messages = obj["prompt"]
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: 'prompt' messages need a string 'role' and 'content', got {m!r:.80}")
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users:
+        raise DataError(f"{where}: 'prompt' has no user message")
+    rm = obj.get("reward_model")
+    if not isinstance(rm, dict) or rm.get("ground_truth") is None:
+        raise DataError(f"{where}: a chat-format row needs reward_model.ground_truth (the reference answer)")
+    extra = obj.get("extra_info") if isinstance(obj.get("extra_info"), dict) else {}
+    index = extra.get("index", obj.get("id", row))
+    rest = {k: v for k, v in obj.items() if k not in ("prompt", "reward_model", "id")}
+    return {**rest, "id": index, "prompt": users[-1], "answer": rm["ground_truth"], "messages": messages}
+
+
+def _validate(obj: Any, where: str, row: int = 0) -> PromptRow:
+    if isinstance(obj, dict) and isinstance(obj.get("prompt"), list):
+        obj = _from_verl(obj, where, row)
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object with keys {list(REQUIRED)}, got {type(obj).__name__}")
     missing = [k for k in REQUIRED if k not in obj or obj[k] is None]
@@ -52,7 +76,7 @@ def _read_jsonl(path: Path) -> list[PromptRow]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-            rows.append(_validate(obj, f"{path}:{lineno}"))
+            rows.append(_validate(obj, f"{path}:{lineno}", len(rows)))
     return rows
 
 
@@ -63,10 +87,14 @@ def _read_parquet(path: Path) -> list[PromptRow]:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-    missing = [k for k in REQUIRED if k not in table.column_names]
+    chat = "prompt" in table.column_names and "reward_model" in table.column_names
+    missing = [] if chat else [k for k in REQUIRED if k not in table.column_names]
     if missing:
-        raise DataError(f"{path}: missing column(s) {missing}; every row needs {list(REQUIRED)}")
-    return [_validate(obj, f"{path}:row {i + 1}") for i, obj in enumerate(table.to_pylist())]
+        raise DataError(
+            f"{path}: missing column(s) {missing}; every row needs {list(REQUIRED)}, "
+            "or verl's prompt (chat messages) and reward_model.ground_truth"
+        )
+    return [_validate(obj, f"{path}:row {i + 1}", i) for i, obj in enumerate(table.to_pylist())]
 
 
 def load_rows(path: str | Path) -> list[PromptRow]:

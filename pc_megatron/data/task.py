@@ -35,7 +35,8 @@ def config_hash(*parts: Any) -> str:
 def prepare_task(cfg: Any) -> Task:
     """Load (and for the synthetic task, first generate and cache) train / eval / SFT rows."""
     if cfg.data.train_path:
-        train, held_out = load_rows(cfg.data.train_path), load_rows(cfg.data.eval_path)
+        train = load_rows(cfg.data.train_path)
+        held_out = load_rows(cfg.data.eval_path) if cfg.data.eval_path else []  # else eval.sets only
         sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.enabled and cfg.warmstart.data_path else []
         return Task(train, held_out, sft)
     syn = OmegaConf.to_object(cfg.data.synthetic)
@@ -63,3 +64,21 @@ def expected_eval_set(cfg: Any, task: Task) -> list[PromptRow]:
     if not task.sft:  # without the warm-start the SFT split is not loaded: exclude it all the same
         taken |= {r.prompt for r in generate_splits(OmegaConf.to_object(syn))["sft"]}
     return task.eval + expected_eval_rows(OmegaConf.to_object(syn), taken)
+
+
+def prepare_prompts(cfg: Any, task: Task, tokenizer) -> tuple[Task, list[tuple[str, list[PromptRow], Any]], dict]:
+    """The task's prompts and ``eval.sets`` rendered for ``tokenizer`` (chat template,
+    instruction, length limit: ``data/render.py``); the sets as ``(name, rows, EvalSetConfig)``;
+    and how many prompts each lost to ``data.max_prompt_tokens``."""
+    from pc_megatron.data.render import render_rows
+
+    train, lost_train = render_rows(task.train, tokenizer, cfg.data, cfg.data.train_path or "the training prompts")
+    held_out, lost_eval = render_rows(task.eval, tokenizer, cfg.data, cfg.data.eval_path) if task.eval else ([], 0)
+    dropped = {"data/dropped_long_prompts": lost_train, "data/dropped_long_eval": lost_eval}
+    sets = []
+    for s in cfg.eval.sets:
+        name = s.name or Path(s.path).stem
+        rows, lost = render_rows(load_rows(s.path), tokenizer, cfg.data, s.path)
+        sets.append((name, rows, s))
+        dropped[f"data/dropped_long_eval/{name}"] = lost
+    return Task(train, held_out, task.sft), sets, dropped

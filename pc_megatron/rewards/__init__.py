@@ -36,13 +36,21 @@ class IntegerMatchReward:
     Strict on purpose: a completion with trailing junk is wrong, so the policy learns to stop.
     """
 
+    incorrect_score = 0.0
+
     def __call__(self, completion: str, answer: str) -> RewardResult:
         m = _INT.match(completion)
         ok = m is not None and int(m.group(1)) == int(answer)
         return RewardResult(score=1.0 if ok else 0.0, correct=ok)
 
 
-REWARDS: dict[str, Callable[[], Reward]] = {"integer_match": IntegerMatchReward}
+def _math_verify() -> Reward:
+    from pc_megatron.rewards.math import MathVerifyReward
+
+    return MathVerifyReward()
+
+
+REWARDS: dict[str, Callable[[], Reward]] = {"integer_match": IntegerMatchReward, "math_verify": _math_verify}
 
 
 @dataclass
@@ -64,8 +72,16 @@ class RewardConfig:
     """A reward that raises: 'raise' stops the step with the prompt id and the input (a bug in
     the reward or a bad dataset row); 'count' scores it as a failure, counted in
     ``reward/errors``. A worker that crashes is always counted."""
-    failure_score: float = 0.0
-    """Score of a completion whose reward timed out, crashed or (with on_error=count) raised."""
+    failure_score: float | None = None
+    """Score of a completion whose reward timed out, crashed or (with on_error=count) raised;
+    empty = the reward's score for a wrong answer (0 for integer_match and functions, -1 for
+    math_verify)."""
+    overlong_buffer: int = 0
+    """DAPO's overlong penalty: the last this many tokens before rollout.max_new_tokens are a
+    buffer in which the score falls linearly by up to ``overlong_penalty`` (and a completion cut
+    at the limit loses all of it); 0 = off. Training only; ``correct`` is unchanged."""
+    overlong_penalty: float = 1.0
+    """The penalty at (and past) the length limit."""
     max_failure_frac: float = 0.5
     """Stop the run with a clear error when more than this share of one call's completions
     (and at least 8) fail: a reward that fails everywhere is broken, not hard."""
@@ -77,12 +93,30 @@ class RewardConfig:
             raise ConfigError(f"reward.timeout_s={self.timeout_s}: must be > 0 seconds")
         if self.on_error not in ("raise", "count"):
             raise ConfigError(f"reward.on_error: '{self.on_error}' is not one of raise, count")
+        if self.overlong_buffer < 0 or self.overlong_penalty < 0:
+            raise ConfigError("reward.overlong_buffer and reward.overlong_penalty must be >= 0")
         if not 0.0 < self.max_failure_frac <= 1.0:
             raise ConfigError(f"reward.max_failure_frac={self.max_failure_frac}: must be in (0, 1]")
         build_reward(self)  # the name or function resolves here, before any worker starts
 
+    def failure(self) -> float:
+        """The score of a completion whose reward failed."""
+        if self.failure_score is not None:
+            return self.failure_score
+        return float(getattr(build_reward(self), "incorrect_score", 0.0))
+
+
+def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
+    """DAPO's soft overlong punishment of a ``length``-token completion (<= 0): nothing up to
+    ``max_len - buffer``, then linear down to ``-factor`` at ``max_len``."""
+    if buffer <= 0 or length <= max_len - buffer:
+        return 0.0
+    return -factor * min(1.0, (length - (max_len - buffer)) / buffer)
+
 
 class _FunctionReward:
+    incorrect_score = 0.0
+
     def __init__(self, fn: Callable[[str, str], Any], spec: str) -> None:
         self.fn, self.spec = fn, spec
 

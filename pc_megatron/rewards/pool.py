@@ -5,11 +5,12 @@ main thread) or crash the interpreter. Neither may stall or kill the run, and ne
 silently. So each worker is a separate Python process (``python -m pc_megatron.rewards.pool``,
 started fresh, so it does not re-import the driver's modules), fed chunks of items over a socket
 pair and answering item by item. A worker whose current item runs past ``reward.timeout_s`` is
-killed and replaced; that item scores ``reward.failure_score`` and counts as a timeout, the rest of
-its chunk goes back in the queue. A worker that dies counts its item as an error the same way. A
-reward that raises stops the step with the prompt id and input (``reward.on_error=raise``) or is
-counted (``count``). When more than ``reward.max_failure_frac`` of a call fails, the reward is
-broken rather than the inputs hard, and the run stops with a clear error.
+killed and replaced; that item scores ``reward.failure_score`` (by default the reward's score
+for a wrong answer) and counts as a timeout; the rest of its chunk goes back in the queue. A
+worker that dies counts its item as an error the same way. A reward that raises stops the step
+with the prompt id and input (``reward.on_error=raise``) or is counted (``count``). When more
+than ``reward.max_failure_frac`` of a call fails, the reward is broken rather than the inputs
+hard, and the run stops with a clear error.
 
 Workers end with the driver: their socket closes and they exit.
 """
@@ -40,6 +41,7 @@ class Scored:
     timeouts: int = 0
     errors: int = 0
     seconds: float = 0.0
+    failed: dict[int, str] = dataclasses.field(default_factory=dict)  # index -> "timeout" / "error"
 
 
 class _Worker:
@@ -70,6 +72,7 @@ class RewardPool:
     def __init__(self, cfg: RewardConfig) -> None:
         cfg.validate()
         self.cfg = cfg
+        self.failure_score = cfg.failure()
         self._workers = [_Worker(cfg) for _ in range(cfg.workers)]
 
     def score(self, completions: list[str], answers: list[str], ids: list[str]) -> Scored:
@@ -90,7 +93,8 @@ class RewardPool:
         failure_budget = max(_MIN_FAILURES, cfg.max_failure_frac * n)
 
         def fail(i: int, timed_out: bool) -> None:
-            results[i] = RewardResult(cfg.failure_score, False)
+            results[i] = RewardResult(self.failure_score, False)
+            out.failed[i] = "timeout" if timed_out else "error"
             out.timeouts += timed_out
             out.errors += not timed_out
             if out.timeouts + out.errors > failure_budget:

@@ -9,6 +9,7 @@ import time
 
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.profiling import phase_range
+from pc_megatron.rewards import overlong_penalty
 from pc_megatron.rewards.pool import RewardPool, Scored
 from pc_megatron.rollout.base import Completion, RolloutEngine, SamplingParams
 from pc_megatron.scheduler import GenRequest, Sample
@@ -96,7 +97,13 @@ class Rollouts:
 
     def begin_step(self, step: int, times: PhaseTimes) -> None:
         self.step, self.times = step, times
-        self._counts = {"generate_calls": 0, "generated_tokens": 0, "reward/timeouts": 0, "reward/errors": 0}
+        self._counts = {
+            "generate_calls": 0,
+            "generated_tokens": 0,
+            "reward/timeouts": 0,
+            "reward/errors": 0,
+            "reward/overlong": 0,
+        }
 
     def __call__(self, requests: list[GenRequest]) -> list[list[Sample]]:
         completions, scored = generate_and_score(
@@ -114,9 +121,15 @@ class Rollouts:
         self._counts["generated_tokens"] += sum(len(c.token_ids) for c in completions)
         self._counts["reward/timeouts"] += scored.timeouts
         self._counts["reward/errors"] += scored.errors
+        cfg = self.rewards.cfg
+        penalties = [
+            overlong_penalty(len(c.token_ids), self.params.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
+            for c in completions
+        ]
+        self._counts["reward/overlong"] += sum(p < 0 for p in penalties)
         samples = [
-            Sample(r.correct, r.score, c.weight_version, c, len(c.token_ids))
-            for r, c in zip(scored.results, completions, strict=True)
+            Sample(r.correct, r.score + p, c.weight_version, c, len(c.token_ids))
+            for r, c, p in zip(scored.results, completions, penalties, strict=True)
         ]
         bounds = [0, *itertools.accumulate(r.n for r in requests)]
         return [samples[a:b] for a, b in itertools.pairwise(bounds)]
