@@ -7,7 +7,7 @@
 #   on every other:     docker/multinode.sh worker IMAGE SHARED_DIR HEAD_IP
 #   then, on the head:  docker/multinode.sh train IMAGE SHARED_DIR RECIPE [key=value ...]
 #
-# e.g. docker/multinode.sh train pc-megatron:gpu-0.1.0 /shared configs/qwen2.5-1.5b-h200.yaml
+# e.g. docker/multinode.sh train pc-megatron:gpu-0.1.0 /shared configs/deepmath-1.5b.yaml
 # The train step runs the driver in a container of its own on the head (no GPU of its own:
 # Ray places the learner ranks and engine replicas on the nodes' GPUs). Not run here (no Docker
 # engine and no cluster on the development machines); docs/CLUSTER.md has the same launch by hand.

@@ -1,4 +1,4 @@
-"""``pc-megatron``: train, warmstart, compare, profile, report, score, convert, config show."""
+"""``pc-megatron``: train, warmstart, compare, profile, report, score, plan, convert, config show."""
 
 from __future__ import annotations
 
@@ -92,6 +92,15 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from pc_megatron.config import load_config
+    from pc_megatron.plan import format_plan, plan
+
+    res = plan(load_config(*_recipe_and_overrides(args)), gpu_gib=args.gpu_gib)
+    print(format_plan(res))
+    return 2 if res["problems"] else 0
+
+
 def _score(args: argparse.Namespace) -> int:
     import json
 
@@ -170,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     p_prof.add_argument("--warmup", type=int, default=2, help="steps run before profiling starts")
     p_prof.add_argument("--out", required=True, metavar="DIR", help="folder for trace.json, breakdown.md/png")
     p_prof.set_defaults(func=_profile)
+    p_plan = sub.add_parser("plan", help="per-GPU memory and per-step work of a recipe; refuses what cannot fit")
+    p_plan.add_argument("recipe", nargs="?")
+    p_plan.add_argument("overrides", nargs="*")
+    p_plan.add_argument("--gpu-gib", type=float, default=140.0, help="memory of one GPU (H200: 140 GiB)")
+    p_plan.set_defaults(func=_plan)
     p_sc = sub.add_parser("score", help="score a JSONL of id/completion/answer rows with a reward, offline")
     p_sc.add_argument("file", help="JSONL rows with id, completion, answer")
     p_sc.add_argument("--reward", default="math_verify", help="registered reward name (default: math_verify)")

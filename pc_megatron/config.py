@@ -218,15 +218,35 @@ def recipe_path(recipe: str) -> Path:
     raise ConfigError(f"recipe '{recipe}' not found: pass a YAML path or one of {known}")
 
 
+def _recipe_chain(path: Path) -> list[Path]:
+    """``path`` after the recipes it inherits from (``inherit: NAME``, a recipe name or a path
+    relative to the file), the most basic first: a twin recipe states only what differs."""
+    chain = [path]
+    while True:
+        parent = OmegaConf.load(chain[0]).get("inherit")
+        if not parent:
+            return chain
+        rel = chain[0].parent / str(parent)
+        found = rel if rel.suffix in (".yaml", ".yml") and rel.is_file() else recipe_path(str(parent))
+        if found in chain:
+            raise ConfigError(f"{chain[0]}: 'inherit: {parent}' makes a cycle of recipes")
+        chain.insert(0, found)
+
+
+def _without_inherit(node):
+    node.pop("inherit", None)
+    return node
+
+
 def load_config(recipe: str | None = "tiny", overrides: list[str] | tuple[str, ...] = ()) -> Any:
     """Return the resolved, validated config (an OmegaConf object typed as ``RunConfig``)."""
     cfg = OmegaConf.structured(RunConfig)
     if recipe:
-        path = recipe_path(recipe)
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
-        except OmegaConfBaseException as e:
-            raise _friendly(e, str(path)) from None
+        for path in _recipe_chain(recipe_path(recipe)):
+            try:
+                cfg = OmegaConf.merge(cfg, _without_inherit(OmegaConf.load(path)))
+            except OmegaConfBaseException as e:
+                raise _friendly(e, str(path)) from None
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not key=value (e.g. learner.lr=1e-4)")

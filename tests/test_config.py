@@ -12,7 +12,7 @@ from pc_megatron.errors import ConfigError
 def test_recipes_load_and_overrides_apply():
     cfg = load_config("tiny", ["learner.lr=1e-4", "algo.samples_per_prompt=4"])
     assert cfg.learner.lr == 1e-4 and cfg.algo.samples_per_prompt == 4
-    assert load_config("qwen2.5-1.5b-h200").learner.bf16 is True
+    assert load_config("deepmath-1.5b").learner.bf16 is True
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,181 @@
+"""``pc-megatron plan RECIPE``: per-GPU memory and per-step work of a recipe, before any GPU is
+touched, and a refusal (exit 2) when it cannot fit.
+
+The model's shape comes from ``model.path/config.json``, or, where the weights are not on this
+machine, from the card of the same name in ``pc_megatron/assets/arch``. The estimates, per GPU of
+a colocated run (learner rank i and an engine worker share GPU i):
+
+- parameters of the largest pipeline stage over the tensor-parallel size, in bf16 (2 B each);
+  gradients in the fp32 buffer Megatron-Core reduces in (4 B); optimizer state as Adam keeps it
+  in mixed precision: fp32 master weights, first and second moments (12 B), divided by the
+  data-parallel size with ``learner.distributed_optimizer``;
+- activations of one micro-batch kept for the backward pass (bf16, no recomputation, fused
+  attention that saves its output and not the score matrix), per layer and per token
+  ``2 * (4h + q + 2kv + q + 3 * ffn)`` bytes, the head and FFN terms split over TP, the ``h``
+  terms too with sequence parallelism; times the micro-batches in flight on the first pipeline
+  stage (1F1B: up to PP); plus the logits and their gradient (bf16, ``4 * V / TP`` bytes per
+  token, into the fused log-prob kernel; ``12 * V / TP`` with ``learner.loss_impl=torch``);
+- the engine: ``rollout.vllm.gpu_memory_utilization`` of the GPU while it generates (its weights,
+  ``2 * params / engine TP``, and the KV cache in the rest); asleep while the learner trains.
+
+Peak = the larger of training (learner state + activations) and generation (learner state left
+resident unless ``learner.offload_during_rollout``, plus the engine's share).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from pc_megatron.errors import ConfigError
+from pc_megatron.model.arch import ArchSpec, arch_from_hf_config, load_arch
+
+CARDS = Path(__file__).resolve().parent / "assets" / "arch"
+GIB = 2**30
+
+
+def model_arch(cfg: Any) -> tuple[ArchSpec, str]:
+    path = cfg.model.path
+    if not path:
+        raise ConfigError("plan is for recipes with model.path (an HF model); the tiny CPU recipe needs no plan")
+    if (Path(path) / "config.json").is_file():
+        return load_arch(path), str(Path(path) / "config.json")
+    card = CARDS / f"{Path(path).name}.json"
+    if card.is_file():
+        import json
+
+        return arch_from_hf_config(json.loads(card.read_text()), str(card)), str(card)
+    known = sorted(p.stem for p in CARDS.glob("*.json"))
+    raise ConfigError(f"{path}/config.json is not on this machine and there is no card for it (cards: {known})")
+
+
+def param_counts(a: ArchSpec) -> dict[str, int]:
+    """Parameters by part, as the HF checkpoint counts them (a tied output layer once)."""
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    attn = a.hidden_size * q + 2 * a.hidden_size * kv + q * a.hidden_size
+    if a.qkv_bias:
+        attn += q + 2 * kv
+    if a.qk_norm:
+        attn += 2 * a.head_dim
+    layer = attn + 3 * a.hidden_size * a.ffn_hidden_size + 2 * a.hidden_size
+    embedding = a.vocab_size * a.hidden_size
+    lm_head = 0 if a.tie_word_embeddings else embedding
+    total = embedding + a.num_layers * layer + a.hidden_size + lm_head
+    return {"embedding": embedding, "per_layer": layer, "lm_head": lm_head, "total": total}
+
+
+def plan(cfg: Any, gpu_gib: float = 140.0) -> dict:
+    """The figures ``pc-megatron plan`` prints (bytes are per GPU)."""
+    a, source = model_arch(cfg)
+    lc, rc, v = cfg.learner, cfg.rollout, cfg.rollout.vllm
+    tp, pp, dp = lc.tensor_parallel_size, lc.pipeline_parallel_size, lc.data_parallel_size
+    if a.num_layers % pp:
+        raise ConfigError(f"{a.num_layers} layers do not split into learner.pipeline_parallel_size={pp} stages")
+    n = param_counts(a)
+    per_stage = a.num_layers // pp
+    # the first stage holds the embedding; the last the output layer (a tied one keeps a copy there)
+    first = n["embedding"] + per_stage * n["per_layer"]
+    last = per_stage * n["per_layer"] + a.hidden_size + (n["lm_head"] or (n["embedding"] if pp > 1 else 0))
+    stage = max(first, last) if pp > 1 else n["total"]
+    p_gpu = stage / tp
+    weights, grads = 2 * p_gpu, 4 * p_gpu
+    optimizer = 12 * p_gpu / (dp if lc.distributed_optimizer else 1)
+    seq = (cfg.data.max_prompt_tokens or 0) + rc.max_new_tokens
+    if not cfg.data.max_prompt_tokens:
+        seq = v.max_model_len or a.max_position_embeddings
+    b = lc.micro_batch_size
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    h_split = tp if lc.sequence_parallel else 1
+    per_token_layer = 2 * (4 * a.hidden_size / h_split + (2 * q + 2 * kv + 3 * a.ffn_hidden_size) / tp)
+    in_flight = (
+        min(pp, 1 + (cfg.algo.prompts_per_step * cfg.algo.samples_per_prompt) // max(b * dp, 1)) if pp > 1 else 1
+    )
+    # the output layer's logits and their gradient: bf16 into the fused kernel, fp32 copies on the torch path
+    logit_bytes = (12 if lc.loss_impl == "torch" else 4) * a.vocab_size / tp
+    activations = per_token_layer * per_stage * seq * b * in_flight + logit_bytes * seq * b
+    learner_state = weights + grads + optimizer
+    train_peak = learner_state + activations
+    gpu = gpu_gib * GIB
+    engine_tp = v.tensor_parallel_size
+    engine_weights = 2 * n["total"] / engine_tp
+    engine_share = v.gpu_memory_utilization * gpu if rc.backend == "vllm" else engine_weights
+    kv_cache = engine_share - engine_weights
+    kv_per_token = 2 * a.num_layers * kv * 2 / engine_tp  # k and v, bf16
+    resident = 0.0 if lc.offload_during_rollout else learner_state
+    gen_peak = resident + engine_share
+    B, ns = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
+    sched = cfg.scheduler
+    if sched.policy == "pilot_commit":
+        per_round = sched.gen_prompts_multiplier * B * sched.pilot_samples + B * (ns - sched.pilot_samples)
+        rollouts = f"{per_round:,} rollouts a round (pilots of {sched.gen_prompts_multiplier}B prompts, B commits)"
+    elif sched.policy == "dapo":
+        rollouts = f"{sched.gen_prompts_multiplier * B * ns:,} rollouts a round, rounds until {B} groups vary"
+    else:
+        rollouts = f"{B * ns:,} rollouts"
+    out = {
+        "model": source,
+        "parameters": n["total"],
+        "layout": f"TP {tp} x PP {pp} x DP {dp} = {tp * pp * dp} learner GPUs; engine TP {engine_tp}",
+        "params_per_gpu": p_gpu,
+        "weights": weights,
+        "grads": grads,
+        "optimizer": optimizer,
+        "optimizer_without_distopt": 12 * p_gpu,
+        "optimizer_with_distopt": 12 * p_gpu / dp,
+        "activations": activations,
+        "sequence": seq,
+        "train_peak": train_peak,
+        "engine_weights": engine_weights,
+        "kv_cache": kv_cache,
+        "kv_cache_tokens": kv_cache / kv_per_token if kv_per_token else math.inf,
+        "gen_peak": gen_peak,
+        "peak": max(train_peak, gen_peak),
+        "gpu": gpu,
+        "rollouts_per_step": rollouts,
+        "trained_tokens_per_step": B * ns * seq,
+    }
+    problems = []
+    if train_peak > gpu:
+        problems.append(
+            f"training needs {train_peak / GIB:.1f} GiB per GPU of {gpu_gib:g}: raise learner.tensor_parallel_size or "
+            "pipeline_parallel_size, set learner.distributed_optimizer=true, or lower learner.micro_batch_size"
+        )
+    if gen_peak > gpu:
+        problems.append(
+            f"generation needs {gen_peak / GIB:.1f} GiB per GPU (learner {resident / GIB:.1f} resident + engine "
+            f"{engine_share / GIB:.1f}): set learner.offload_during_rollout=true or lower "
+            "rollout.vllm.gpu_memory_utilization"
+        )
+    if rc.backend == "vllm" and kv_cache < kv_per_token * seq:
+        problems.append(
+            f"the engine's KV cache ({max(kv_cache, 0) / GIB:.1f} GiB) holds less than one {seq}-token sequence: raise "
+            "rollout.vllm.gpu_memory_utilization or rollout.vllm.tensor_parallel_size"
+        )
+    out["problems"] = problems
+    return out
+
+
+def format_plan(res: dict) -> str:
+    g = lambda x: f"{x / GIB:.1f} GiB"  # noqa: E731
+    lines = [
+        f"model            {res['model']}: {res['parameters'] / 1e9:.2f} B parameters",
+        f"layout           {res['layout']}",
+        f"per GPU          {res['params_per_gpu'] / 1e9:.2f} B parameters (largest pipeline stage / TP)",
+        f"  weights        {g(res['weights'])} (bf16)",
+        f"  gradients      {g(res['grads'])} (fp32 buffer)",
+        f"  optimizer      {g(res['optimizer'])} (fp32 master + Adam moments; {g(res['optimizer_without_distopt'])} "
+        f"without, {g(res['optimizer_with_distopt'])} with the distributed optimizer)",
+        f"  activations    {g(res['activations'])} (a micro-batch of {res['sequence']}-token sequences, no recompute)",
+        f"  training peak  {g(res['train_peak'])}",
+        f"  engine         {g(res['engine_weights'])} weights + {g(max(res['kv_cache'], 0))} KV cache "
+        f"(~{res['kv_cache_tokens']:,.0f} tokens)",
+        f"  generation     {g(res['gen_peak'])}",
+        f"  peak           {g(res['peak'])} of {g(res['gpu'])}",
+        f"per step         {res['rollouts_per_step']}; <= {res['trained_tokens_per_step']:,} trained tokens",
+    ]
+    if res["problems"]:
+        lines += ["", "DOES NOT FIT:", *(f"- {p}" for p in res["problems"])]
+    else:
+        lines += ["", "fits (estimate; allocator fragmentation and CUDA contexts add a few GiB)"]
+    return "\n".join(lines)
