@@ -64,6 +64,8 @@ def level_rows(folder: Path) -> dict:
         last = {s: runs[m, s][-1] for s in seeds}
         out["methods"][m] = {
             "ratio": result.get(f"{m}_vs_grpo"),
+            # each seed's GRPO rollouts to its own best over the method's to that target
+            "ratio_per_seed": result["methods"][m].get("grpo_over_method_per_seed_target"),
             "reached": result["methods"][m]["rollouts_to_target"]["reached"],
             "rollouts": result["methods"][m]["rollouts_to_target"],
             "gain_expected": gains["eval_expected_accuracy"],
@@ -92,6 +94,7 @@ def to_markdown(levels: list[dict]) -> str:
     for lv in levels:
         for m, r in lv["methods"].items():
             ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+            ratio += f" (per seed {_iv(r['ratio_per_seed'], '.2f')})" if r.get("ratio_per_seed") else ""
             lines.append(
                 f"| {lv['level']} | {_iv(lv['grpo_degenerate'], '.2f')} | {POLICY_LABELS.get(m, m)} "
                 f"| {r['rollouts_per_update']:,.0f} | {ratio} | {r['reached']} "
@@ -107,28 +110,82 @@ def plot(levels: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    names = {lv["level"] for lv in levels}
+
+    def shown(level: str, method: str) -> bool:
+        """One point per (pool, method): a '-grid' level re-ran only the adaptive allocator
+        (after its grid fix) beside the same GRPO and Pilot-Commit runs, so it stands for
+        adaptive alone, and its base level for the rest."""
+        if level.endswith("-grid"):
+            return method == "adaptive"
+        return not (method == "adaptive" and f"{level}-grid" in names)
+
     methods = sorted({m for lv in levels for m in lv["methods"]})
     for k, m in enumerate(methods):
-        pts = [(lv["grpo_degenerate"]["mean"], lv["methods"][m], lv["level"]) for lv in levels if m in lv["methods"]]
-        pts.sort(key=lambda p: p[0])
-        xs = [p[0] + 0.006 * (k - 1) for p in pts]  # a small offset so the bars do not overlap
-        g = [p[1]["gain_expected"] for p in pts]
-        err = [
-            [x["mean"] - x["ci95"][0] for x in g] if all(x["ci95"] for x in g) else None,
-            [x["ci95"][1] - x["mean"] for x in g] if all(x["ci95"] for x in g) else None,
+        pts = [
+            (lv["grpo_degenerate"]["mean"], lv["methods"][m], lv["level"].removesuffix("-grid"))
+            for lv in levels
+            if m in lv["methods"] and shown(lv["level"], m)
         ]
-        yerr = err if err[0] is not None else None
-        ax1.errorbar(xs, [x["mean"] for x in g], yerr=yerr, marker="o", capsize=3, label=POLICY_LABELS.get(m, m))
-        ratios = [(x, p[1]["ratio"]) for x, p in zip(xs, pts, strict=True) if p[1]["ratio"] is not None]
-        ax2.plot([r[0] for r in ratios], [r[1] for r in ratios], marker="o", label=POLICY_LABELS.get(m, m))
-        for x, p in zip(xs, pts, strict=True):
-            ax1.annotate(p[2], (x, p[1]["gain_expected"]["mean"]), fontsize=6, alpha=0.6)
+        color = f"C{k}"
+        for n64 in (False, True):  # n = 64 (16 + 48) apart from the n = 32 levels: another marker, no line
+            sel = sorted((p for p in pts if p[2].endswith("-n64") == n64), key=lambda p: p[0])
+            if not sel:
+                continue
+            xs = [p[0] + 0.006 * (k - 1) for p in sel]  # a small offset so the bars do not overlap
+            g = [p[1]["gain_expected"] for p in sel]
+            yerr = (
+                [[x["mean"] - x["ci95"][0] for x in g], [x["ci95"][1] - x["mean"] for x in g]]
+                if all(x["ci95"] for x in g)
+                else None
+            )
+            marker, label = ("s", f"{POLICY_LABELS.get(m, m)}, n = 64") if n64 else ("o", POLICY_LABELS.get(m, m))
+            ax1.errorbar(
+                xs,
+                [x["mean"] for x in g],
+                yerr=yerr,
+                marker=marker,
+                linestyle="none",
+                capsize=3,
+                color=color,
+                label=label,
+            )
+            ratios = [(x, p[1]["ratio"], p[2]) for x, p in zip(xs, sel, strict=True) if p[1]["ratio"] is not None]
+            ax2.plot(
+                [r[0] for r in ratios],
+                [r[1] for r in ratios],
+                marker=marker,
+                linestyle="none",
+                color=color,
+                label=label,
+            )
+            for x, p in zip(xs, sel, strict=True):
+                ax1.annotate(p[2], (x, p[1]["gain_expected"]["mean"]), fontsize=6, alpha=0.6)
+            for x, y, name in ratios:
+                ax2.annotate(name, (x, y), fontsize=6, alpha=0.6)
+            per_seed = [(x, p[1]["ratio_per_seed"]) for x, p in zip(xs, sel, strict=True) if p[1]["ratio_per_seed"]]
+            per_seed = [(x, r) for x, r in per_seed if r.get("ci95")]
+            if per_seed:
+                ax2.errorbar(
+                    [x + 0.004 for x, _ in per_seed],
+                    [r["mean"] for _, r in per_seed],
+                    yerr=[
+                        [r["mean"] - r["ci95"][0] for _, r in per_seed],
+                        [r["ci95"][1] - r["mean"] for _, r in per_seed],
+                    ],
+                    fmt="_",
+                    color=color,
+                    alpha=0.35,
+                    capsize=2,
+                    linewidth=1,
+                )
     ax1.axhline(0, color="gray", linewidth=1)
     ax1.set_xlabel("GRPO's degenerate-group share (mean over updates)")
     ax1.set_ylabel("AUC gain over GRPO, expected accuracy\n(paired by seed, 95% interval)")
     ax2.axhline(1, color="gray", linewidth=1)
+    ax2.set_ylim(0, 2.5)  # three-seed t-intervals of a ratio reach below 0; the axis shows what a ratio can be
     ax2.set_xlabel("GRPO's degenerate-group share (mean over updates)")
-    ax2.set_ylabel("GRPO's rollouts to target / method's")
+    ax2.set_ylabel("GRPO's rollouts to target / method's\n(faint: per-seed targets, 95% interval)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
