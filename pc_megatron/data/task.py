@@ -73,7 +73,11 @@ def prepare_prompts(cfg: Any, task: Task, tokenizer) -> tuple[Task, list[tuple[s
     from pc_megatron.data.render import render_rows
 
     train, lost_train = render_rows(task.train, tokenizer, cfg.data, cfg.data.train_path or "the training prompts")
-    held_out, lost_eval = render_rows(task.eval, tokenizer, cfg.data, cfg.data.eval_path) if task.eval else ([], 0)
+    held_out, lost_eval = (
+        render_rows(task.eval, tokenizer, cfg.data, cfg.data.eval_path or "the held-out prompts")
+        if task.eval
+        else ([], 0)
+    )
     dropped = {"data/dropped_long_prompts": lost_train, "data/dropped_long_eval": lost_eval}
     sets = []
     for s in cfg.eval.sets:
