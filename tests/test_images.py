@@ -68,15 +68,15 @@ def test_every_declared_dependency_is_pinned():
 
 
 def test_this_environment_is_the_pinned_one():
-    pins = _pins()
+    installed: dict[str, str] = {}
+    for dist in metadata.distributions():  # in sys.path order: the first of a name is what an import finds
+        if "_vendor" in Path(str(dist.locate_file(""))).parts:
+            continue  # setuptools' private copies, which it puts on sys.path once imported
+        installed.setdefault(_norm(dist.metadata["Name"]), dist.version)
     off = {}
-    for name, pinned in pins.items():
-        try:  # the distribution an import finds first (setuptools puts its vendored copies after)
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue  # not in this environment (the GPU image's packages)
-        if version.split("+")[0] != pinned:
-            off[name] = (version, pinned)
+    for name, pinned in _pins().items():  # the GPU image's packages are not in this environment
+        if name in installed and installed[name].split("+")[0] != pinned:
+            off[name] = (installed[name], pinned)
     assert not off, f"installed (version, pinned): {off}; install with -c constraints.txt"
 
 

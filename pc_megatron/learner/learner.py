@@ -391,6 +391,8 @@ class Learner:
         t_opt = time.perf_counter()
         with phase_range("optimizer"):
             _, grad_norm, _ = self.optimizer.step()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()  # the step's kernels are asynchronous: time them, not their launch
         t_opt = time.perf_counter() - t_opt
         if grad_norm is not None and not math.isfinite(grad_norm):
             raise TrainingError(f"non-finite gradient norm at policy version {self.version}; lower the learning rate")
