@@ -2,8 +2,8 @@
 several runs, on the same axes, from each run's ``metrics.jsonl`` alone (nothing else is read,
 so it works on a copied or finished run directory).
 
-Panels: held-out accuracy (greedy and, where logged, the exact expected accuracy) against
-cumulative rollouts and against wall time; reward mean and mean group std per update; the
+Panels: held-out accuracy (and, where logged, the exact expected accuracy and each benchmark of
+``eval.sets``) against cumulative rollouts and against wall time; reward mean and mean group std per update; the
 share of degenerate groups (all correct / all wrong); the allocation counters (rollouts
 generated, trained, wasted by cause); the step-time breakdown by phase; the learner/engine
 log-prob mismatch. Plus a table per run: accuracies, rollouts, tokens, time, reward failures.
@@ -53,14 +53,16 @@ def _wall(rows: list[dict]) -> list[float]:
 def _panel_accuracy(ax, runs, x: str) -> None:
     for (name, rows), color in zip(runs.items(), itertools.cycle(f"C{i}" for i in range(10)), strict=False):
         wall = _wall(rows)
-        for key, style in (("eval_accuracy", "-"), ("eval_expected_accuracy", "--")):
+        benchmarks = sorted({k for r in rows for k in r if k.startswith("eval/") and k != "eval/mean"})
+        keys = [("eval_accuracy", "-", "held-out"), ("eval_expected_accuracy", "--", "expected")]
+        keys += [(k, ":", k[5:]) for k in benchmarks]  # eval.sets, one line each (their mean is eval_accuracy)
+        for key, style, tag in keys:
             pts = [
                 (r["cum_rollouts"] if x == "rollouts" else w, r[key])
                 for r, w in zip(rows, wall, strict=True)
                 if key in r
             ]
             if pts:
-                tag = "greedy" if key == "eval_accuracy" else "expected"
                 ax.plot(*zip(*pts, strict=True), style, marker="o", markersize=2, color=color, label=f"{name} ({tag})")
     ax.set_xlabel("cumulative rollouts" if x == "rollouts" else "wall time (s, sum of step times)")
     ax.set_ylabel("held-out accuracy")
@@ -137,7 +139,7 @@ def _panel_phases(ax, runs) -> None:
 
 def _table(runs: dict[str, list[dict]]) -> str:
     lines = [
-        "| run | updates | greedy acc. first → last (best) | expected acc. first → last (best) | rollouts "
+        "| run | updates | held-out acc. first → last (best) | expected acc. first → last (best) | rollouts "
         "| generated tokens | wall s | mean step s | reward timeouts / errors | max log-prob mismatch |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]

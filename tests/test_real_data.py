@@ -138,3 +138,5 @@ def test_two_steps_of_a_math_run_with_two_benchmarks(chat_model, math_data, tmp_
         # an untrained policy rarely stops: cut at 12 tokens it scores -1 and the full overlong penalty
         assert r["reward/overlong"] > 0 and -2.0 <= r["reward_mean"] < -1.0
     assert "left out" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "math"), "--out", str(tmp_path / "report")]) == 0  # benchmarks plotted
+    assert (tmp_path / "report" / "accuracy.png").stat().st_size > 10_000
