@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,17 +67,23 @@ def _validate(obj: Any, where: str, row: int = 0) -> PromptRow:
     return PromptRow(id=str(obj["id"]), prompt=obj["prompt"], answer=str(obj["answer"]), meta=meta)
 
 
-def _read_jsonl(path: Path) -> list[PromptRow]:
-    rows = []
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, object)`` for every non-blank line; invalid JSON is a ``DataError`` naming
+    the file and line."""
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-            rows.append(_validate(obj, f"{path}:{lineno}", len(rows)))
+
+
+def _read_jsonl(path: Path) -> list[PromptRow]:
+    rows: list[PromptRow] = []
+    for lineno, obj in iter_jsonl(path):
+        rows.append(_validate(obj, f"{path}:{lineno}", len(rows)))
     return rows
 
 

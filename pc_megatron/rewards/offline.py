@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from pc_megatron.data.dataset import iter_jsonl
 from pc_megatron.errors import DataError
 from pc_megatron.rewards import RewardConfig
 from pc_megatron.rewards.pool import RewardPool
@@ -23,13 +24,7 @@ def read_completions(path: Path) -> list[dict]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+    for lineno, obj in iter_jsonl(path):
         if not isinstance(obj, dict) or any(k not in obj for k in FIELDS):
             raise DataError(f"{path}:{lineno}: every row needs {list(FIELDS)}")
         if not isinstance(obj["completion"], str):
