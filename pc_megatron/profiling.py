@@ -127,11 +127,8 @@ def profile(cfg, out: Path, steps: int, warmup: int) -> dict:
     per_step = [{p: r.get(f"time_{p}_s", 0.0) for p in phases} for r in rows]
     step_s = [r["time_step_s"] for r in rows]
     # what the driver's trace holds of each phase (ranges of actors' processes are in their own traces)
-    events = json.loads(trace.read_text())["traceEvents"]
-    in_trace: dict[str, float] = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("name") in phases:
-            in_trace[e["name"]] = in_trace.get(e["name"], 0.0) + e.get("dur", 0.0) / 1e6
+    averages = capture.prof.key_averages()
+    in_trace = {e.key: e.cpu_time_total / 1e6 for e in averages if e.key in phases}
     result = {
         "steps": [r["step"] for r in rows],
         "step_s": step_s,
@@ -143,7 +140,7 @@ def profile(cfg, out: Path, steps: int, warmup: int) -> dict:
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
     }
     (out / "breakdown.json").write_text(json.dumps(result, indent=2))
-    _write_breakdown(out, result, _top_operators(capture.prof, set(phases) | _names))
+    _write_breakdown(out, result, _top_operators(averages, set(phases) | _names))
     _plot_breakdown(out / "breakdown.png", result)
     return result
 
@@ -156,11 +153,12 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _top_operators(prof, skip: set[str], k: int = 15) -> list[tuple[str, int, float, float, float]]:
+def _top_operators(averages, skip: set[str], k: int = 15) -> list[tuple[str, int, float, float, float]]:
     """(name, calls, self CPU ms, CPU ms, self device ms) of the ``k`` operators with the most
-    self CPU time; the phase and step ranges themselves left out."""
+    self CPU time (``averages``: the profiler's ``key_averages()``); the phase and step ranges
+    themselves left out."""
     rows = []
-    for e in prof.key_averages():
+    for e in averages:
         if e.key in skip or e.key.startswith("step "):
             continue
         device = getattr(e, "self_device_time_total", 0.0) or 0.0
