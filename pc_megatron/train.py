@@ -67,19 +67,17 @@ def train(cfg: Any, run_dir: Path, resume: bool = False, capture=None) -> dict:
     policy_dir = ensure_warm_start(cfg, task, progress=cfg.progress)
     task = select_pool(cfg, task, policy_dir, progress=cfg.progress)
     tokenizer = load_tokenizer(policy_dir)
-    task, eval_sets, dropped = prepare_prompts(cfg, task, tokenizer)
-    if any(dropped.values()):
-        print(f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {dropped}", flush=True)
+    task = prepare_prompts(cfg, task, tokenizer)
+    if any(task.dropped.values()):
+        print(f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {task.dropped}", flush=True)
     with contextlib.ExitStack() as stack:
         rewards = stack.enter_context(RewardPool(OmegaConf.to_object(cfg.reward)))
         runtime = build_runtime(cfg, policy_dir, run_dir)
         stack.callback(runtime.close)
-        prompts = (task, eval_sets, dropped)
-        return _run(cfg, run_dir, resume, prompts, policy_dir, tokenizer, rewards, runtime, t_start, capture)
+        return _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start, capture)
 
 
-def _run(cfg, run_dir, resume, prompts, policy_dir, tokenizer, rewards, runtime, t_start: float, capture) -> dict:
-    task, eval_sets, dropped = prompts
+def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start: float, capture) -> dict:
     learner, fleet = runtime.learner, runtime.fleet
     B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
     scheduler = Scheduler(OmegaConf.to_object(cfg.scheduler), len(task.train), B, n, seed=cfg.seed)
@@ -104,8 +102,8 @@ def _run(cfg, run_dir, resume, prompts, policy_dir, tokenizer, rewards, runtime,
     def run_eval(step: int) -> dict[str, float]:
         seed = stream_seed(cfg.seed, step, 0)
         out = evaluate(fleet, tokenizer, task.eval, cfg.eval, rewards, params, seed) if task.eval else {}
-        if eval_sets:
-            out |= evaluate_sets(fleet, tokenizer, eval_sets, cfg.eval, rewards, params, seed)
+        if task.sets:
+            out |= evaluate_sets(fleet, tokenizer, task.sets, cfg.eval, rewards, params, seed)
             out.setdefault("eval_accuracy", out["eval/mean"])
         if expected_rows:
             mix = dict(cfg.data.synthetic.mix)
@@ -116,7 +114,7 @@ def _run(cfg, run_dir, resume, prompts, policy_dir, tokenizer, rewards, runtime,
     if found is None and capture is None:
         times = PhaseTimes()
         with times("eval"):
-            row = {"step": 0, "cum_rollouts": 0, "cum_generated_tokens": 0, **dropped, **run_eval(0)}
+            row = {"step": 0, "cum_rollouts": 0, "cum_generated_tokens": 0, **task.dropped, **run_eval(0)}
         metrics.write({**row, **times.metrics()})
     steps = range(loop.step + 1, cfg.steps + 1)
     bar = tqdm(steps, cfg.scheduler.policy, initial=loop.step, total=cfg.steps, disable=not cfg.progress)

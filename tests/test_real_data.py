@@ -116,12 +116,12 @@ def test_prompts_are_templated_instructed_and_length_limited(chat_model, math_da
     from pc_megatron.model.tiny import load_tokenizer
 
     cfg = load_config("tiny", _overrides(chat_model, math_data, tmp_path))
-    task, sets, dropped = prepare_prompts(cfg, prepare_task(cfg), load_tokenizer(chat_model))
+    task = prepare_prompts(cfg, prepare_task(cfg), load_tokenizer(chat_model))
     first = task.train[0].prompt
     assert first == f"<|im_start|>user\nWhat is 1 + 1? {INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
-    assert len(task.train) == 9 and dropped["data/dropped_long_prompts"] == 1
-    assert [name for name, _, _ in sets] == ["aime", "math500"]
-    assert sets[1][1][0].prompt.startswith("What is 0 times 2?")  # flat rows: no template under auto
+    assert len(task.train) == 9 and task.dropped["data/dropped_long_prompts"] == 1
+    assert [name for name, _, _ in task.sets] == ["aime", "math500"]
+    assert task.sets[1][1][0].prompt.startswith("What is 0 times 2?")  # flat rows: no template under auto
 
 
 def test_two_steps_of_a_math_run_with_two_benchmarks(chat_model, math_data, tmp_path, capsys):

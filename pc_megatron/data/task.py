@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,10 @@ class Task:
     train: list[PromptRow]
     eval: list[PromptRow]
     sft: list[PromptRow]
+    sets: list[tuple[str, list[PromptRow], Any]] = field(default_factory=list)
+    """``eval.sets`` as ``(name, rows, EvalSetConfig)``, once ``prepare_prompts`` has read them."""
+    dropped: dict[str, int] = field(default_factory=dict)
+    """Prompts each split lost to ``data.max_prompt_tokens`` (``prepare_prompts``)."""
 
 
 def cache_root(configured: str = "") -> Path:
@@ -66,10 +70,10 @@ def expected_eval_set(cfg: Any, task: Task) -> list[PromptRow]:
     return task.eval + expected_eval_rows(OmegaConf.to_object(syn), taken)
 
 
-def prepare_prompts(cfg: Any, task: Task, tokenizer) -> tuple[Task, list[tuple[str, list[PromptRow], Any]], dict]:
-    """The task's prompts and ``eval.sets`` rendered for ``tokenizer`` (chat template,
-    instruction, length limit: ``data/render.py``); the sets as ``(name, rows, EvalSetConfig)``;
-    and how many prompts each lost to ``data.max_prompt_tokens``."""
+def prepare_prompts(cfg: Any, task: Task, tokenizer) -> Task:
+    """The task with its prompts rendered for ``tokenizer`` (chat template, instruction, length
+    limit: ``data/render.py``), ``eval.sets`` read and rendered into ``sets``, and how many
+    prompts each lost to ``data.max_prompt_tokens`` in ``dropped``."""
     from pc_megatron.data.render import render_rows
 
     train, lost_train = render_rows(task.train, tokenizer, cfg.data, cfg.data.train_path or "the training prompts")
@@ -85,4 +89,4 @@ def prepare_prompts(cfg: Any, task: Task, tokenizer) -> tuple[Task, list[tuple[s
         rows, lost = render_rows(load_rows(s.path), tokenizer, cfg.data, s.path)
         sets.append((name, rows, s))
         dropped[f"data/dropped_long_eval/{name}"] = lost
-    return Task(train, held_out, task.sft), sets, dropped
+    return Task(train, held_out, task.sft, sets, dropped)
