@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pc_megatron.errors import ConfigError
-from pc_megatron.model.arch import ArchSpec, arch_from_hf_config, load_arch
+from pc_megatron.model.arch import ArchSpec, arch_from_file, load_arch
 
 CARDS = Path(__file__).resolve().parent / "assets" / "arch"
 GIB = 2**30
@@ -43,9 +43,7 @@ def model_arch(cfg: Any) -> tuple[ArchSpec, str]:
         return load_arch(path), str(Path(path) / "config.json")
     card = CARDS / f"{Path(path).name}.json"
     if card.is_file():
-        import json
-
-        return arch_from_hf_config(json.loads(card.read_text()), str(card)), str(card)
+        return arch_from_file(card), str(card)
     known = sorted(p.stem for p in CARDS.glob("*.json"))
     raise ConfigError(f"{path}/config.json is not on this machine and there is no card for it (cards: {known})")
 
@@ -81,9 +79,9 @@ def plan(cfg: Any, gpu_gib: float = 140.0) -> dict:
     p_gpu = stage / tp
     weights, grads = 2 * p_gpu, 4 * p_gpu
     optimizer = 12 * p_gpu / (dp if lc.distributed_optimizer else 1)
-    seq = (cfg.data.max_prompt_tokens or 0) + rc.max_new_tokens
-    if not cfg.data.max_prompt_tokens:
-        seq = v.max_model_len or a.max_position_embeddings
+    # the longest sequence: prompt limit + response, else what the engine (or the model) allows
+    limit = cfg.data.max_prompt_tokens
+    seq = limit + rc.max_new_tokens if limit else (v.max_model_len or a.max_position_embeddings)
     b = lc.micro_batch_size
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     h_split = tp if lc.sequence_parallel else 1

@@ -105,6 +105,11 @@ def load_arch(model_dir: str | Path) -> ArchSpec:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ModelFileError(f"{path}: model config not found; model.path must be a Hugging Face model folder")
+    return arch_from_file(path)
+
+
+def arch_from_file(path: Path) -> ArchSpec:
+    """An HF ``config.json`` (or a file of the same content) as an ``ArchSpec``."""
     try:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as e:
