@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tensor_checks import assert_close_to_scale
 from transformers import AutoModelForCausalLM
 
 from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
@@ -205,8 +206,9 @@ def test_truncated_is_weights_scale_each_tokens_policy_gradient(tiny_model_dir):
             assert stats["tis_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-5)
         grads[name] = {n: p.main_grad.clone() for n, p in lrn.module.named_parameters()}
     for n, g in grads["none"].items():
-        assert torch.allclose(g, grads["ones"][n], rtol=1e-6, atol=1e-9), n
-        assert torch.allclose(grads["weighted"][n], grads["scaled_adv"][n], rtol=1e-5, atol=1e-8), n
+        # the paths round differently (by the machine's vector width): compare to each tensor's scale
+        assert_close_to_scale(grads["ones"][n], g, 1e-6, n)
+        assert_close_to_scale(grads["weighted"][n], grads["scaled_adv"][n], 1e-5, n)
     assert any(not torch.allclose(grads["weighted"][n], g) for n, g in grads["none"].items())
 
 
