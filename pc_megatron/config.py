@@ -69,7 +69,14 @@ class AlgoConfig:
     old_logprobs: str = "fused"
     """Where the old policy's log-probs come from: 'fused' = the update's own forward (one
     optimizer step per batch: the old policy is the current one; saves a forward pass),
-    'separate' = a forward-only pass before the update (the textbook order; same result)."""
+    'separate' = a forward-only pass before the update (the textbook order; same result). With
+    several optimizer steps per batch the separate pass is always made."""
+    mini_batch_size: int = 0
+    """Prompts (groups, with all their rollouts) per optimizer step: the batch's groups are cut in
+    order into mini-batches of this many, one step each (verl's ppo_mini_batch_size, in prompts);
+    0 = all of the step's prompts in one optimizer step."""
+    epochs: int = 1
+    """Passes over the step's mini-batches (PPO epochs); each pass takes every mini-batch again."""
     loss: LossConfig = field(default_factory=LossConfig)
 
 
@@ -271,6 +278,10 @@ def validate(cfg: Any) -> None:
     loss = cfg.algo.loss
     if not (0 <= loss.clip_low < 1 and loss.clip_high >= 0):
         raise ConfigError("algo.loss.clip_low must be in [0, 1) and clip_high >= 0")
+    if cfg.algo.mini_batch_size < 0:
+        raise ConfigError("algo.mini_batch_size must be >= 0 (prompts per optimizer step; 0 = the whole batch)")
+    positive("algo.epochs", cfg.algo.epochs)
+    OmegaConf.to_object(loss).validate()
     if cfg.algo.old_logprobs not in ("fused", "separate"):
         raise ConfigError(f"algo.old_logprobs: '{cfg.algo.old_logprobs}' is not one of fused, separate")
     if loss.tis_cap != 0 and loss.tis_cap < 1:

@@ -2,7 +2,7 @@
 Ray actors): per step,
 
     plan = scheduler.next_batch(rollouts)     fleet.generate → rewards.score, one or more calls
-    fleet.sleep(); rl_update(learner, plan)   old log-probs, advantages, one optimizer step
+    fleet.sleep(); rl_update(learner, plan)   old log-probs, advantages, optimizer steps (mini-batches)
     runtime.sync_weights()                    the learner's weights become the fleet's next version
 
 with held-out evaluation every ``eval.every_steps`` and a checkpoint every ``checkpoint.every_steps``.
@@ -83,6 +83,7 @@ def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_
     scheduler = Scheduler(OmegaConf.to_object(cfg.scheduler), len(task.train), B, n, seed=cfg.seed)
     params = OmegaConf.to_object(cfg.rollout).sampling()
     loss_cfg = OmegaConf.to_object(cfg.algo.loss)
+    loss_cfg.norm_tokens = loss_cfg.norm_tokens or cfg.rollout.max_new_tokens
     rollouts = Rollouts(fleet, rewards, tokenizer, task.train, params, lambda s, k: stream_seed(cfg.seed, s, 1 + k))
     loop = LoopState()
     found = load_latest(run_dir / "checkpoints") if resume else None
@@ -155,6 +156,8 @@ def _step(cfg, step: int, scheduler: Scheduler, rollouts: Rollouts, runtime, los
             rollouts.params.temperature,
             times,
             separate_old_logprobs=cfg.algo.old_logprobs == "separate",
+            mini_batch_size=cfg.algo.mini_batch_size,
+            epochs=cfg.algo.epochs,
         )
         with times("sync"):
             row |= runtime.sync_weights()

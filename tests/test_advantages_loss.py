@@ -2,9 +2,10 @@
 
 import math
 
+import pytest
 import torch
 
-from pc_megatron.algo import LossConfig, group_advantages, policy_loss, token_mean
+from pc_megatron.algo import LossConfig, aggregation_weights, group_advantages, policy_loss
 
 
 def test_group_advantages_match_hand_computation():
@@ -67,12 +68,36 @@ def test_kl_penalty_is_zero_at_reference_and_positive_elsewhere():
     assert torch.all(stats["kl"] > 0) and torch.all(off > 0)
 
 
-def test_token_mean_over_micro_batches_equals_full_token_mean():
-    values, mask = torch.randn(6, 7), (torch.rand(6, 7) > 0.4).float()
-    full = token_mean(values, mask)
-    parts = sum(token_mean(values[i : i + 2], mask[i : i + 2], mask.sum()) for i in range(0, 6, 2))
-    assert torch.allclose(full, parts)
+def _aggregate(loss: torch.Tensor, mask: torch.Tensor, agg: str, norm: int = 0, parts: int = 1) -> float:
+    """The loss as the learner forms it: weighted sums and units per micro-batch, one global ratio."""
+    w, u = aggregation_weights(mask.sum(1), agg, norm)
+    total, units = 0.0, 0.0
+    for rows in torch.arange(len(loss)).chunk(parts):
+        total += float(((loss[rows] * mask[rows]).sum(1).double() * w[rows]).sum())
+        units += float(u[rows].sum())
+    return total / units
 
 
-def test_token_mean_of_fully_masked_batch_is_zero():
-    assert token_mean(torch.randn(2, 3), torch.zeros(2, 3)) == 0
+def test_each_aggregation_mode_matches_its_hand_computed_value():
+    """Three sequences of 3, 1 and 2 trained tokens (and one with none) with known per-token losses."""
+    loss = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0], [5.0, 7.0, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+    assert _aggregate(loss, mask, "token-mean") == pytest.approx((1 + 2 + 3 + 4 + 5 + 7) / 6)
+    assert _aggregate(loss, mask, "seq-mean-token-mean") == pytest.approx((6 / 3 + 4 / 1 + 12 / 2) / 3)
+    assert _aggregate(loss, mask, "seq-mean-token-sum-norm", norm=8) == pytest.approx((6 + 4 + 12) / (3 * 8))
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_aggregation_does_not_depend_on_how_the_batch_is_cut(agg):
+    loss, mask = torch.randn(12, 9), (torch.rand(12, 9) > 0.4).float()
+    whole = _aggregate(loss, mask, agg, norm=9)
+    for parts in (2, 3, 12):
+        assert _aggregate(loss, mask, agg, norm=9, parts=parts) == pytest.approx(whole, rel=1e-12)
+    if agg == "token-mean":  # the negative control: a token mean per micro-batch, then their mean
+        per_part = [_aggregate(loss[r], mask[r], agg) for r in torch.arange(12).chunk(3)]
+        assert abs(sum(per_part) / 3 - whole) > 1e-6
+
+
+def test_sum_norm_without_a_constant_is_refused():
+    with pytest.raises(ValueError, match="norm_tokens"):
+        aggregation_weights(torch.tensor([3.0]), "seq-mean-token-sum-norm", 0)

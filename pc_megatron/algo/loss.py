@@ -1,4 +1,4 @@
-"""Clipped-surrogate policy loss (PPO/GRPO/DAPO family), per token, plus token-mean aggregation.
+"""Clipped-surrogate policy loss (PPO/GRPO/DAPO family), per token, and how it is aggregated.
 
 For each response token with log-prob ``logp`` under the policy being trained, ``old_logp``
 under the policy that the advantages refer to, and advantage ``A``:
@@ -11,8 +11,17 @@ under the policy that the advantages refer to, and advantage ``A``:
     kl      = exp(ref - logp) - (ref - logp) - 1      (k3 estimator, >= 0)
     loss_t  = pg + kl_coef * kl - entropy_coef * entropy
 
-Aggregation is token-mean: the sum of ``loss_t`` over every unmasked token of the update's
-mini-batch divided by their count, so long and short responses weigh per token.
+Aggregation over the update's mini-batch (``agg``), with ``n_i`` trained tokens in sequence ``i`` of
+``N`` and ``C`` a constant:
+
+    token-mean               sum_i sum_t loss_it / sum_i n_i       (DAPO; long responses weigh more)
+    seq-mean-token-mean      (1/N) sum_i (1/n_i) sum_t loss_it     (GRPO's paper)
+    seq-mean-token-sum-norm  sum_i sum_t loss_it / (N C)           (Dr.GRPO: C = the generation limit)
+
+Each is ``sum_i w_i sum_t loss_it / sum_i u_i`` with a per-sequence weight ``w_i`` and unit count
+``u_i`` (``aggregation_weights``). The learner hands Megatron the weighted sums and the units of each
+micro-batch; Megatron divides the gradients by the units summed over every micro-batch and
+data-parallel rank, so the update does not depend on how the mini-batch is cut.
 """
 
 from __future__ import annotations
@@ -22,6 +31,9 @@ from dataclasses import dataclass
 import torch
 
 from kernels.grpo_loss.reference import clipped_surrogate
+from pc_megatron.errors import ConfigError
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @dataclass
@@ -43,6 +55,17 @@ class LossConfig:
     min(pi_old / pi_behaviour, tis_cap), pi_behaviour being the engine's log-probs when the
     rollout was sampled (older weights for buffered pilot rollouts, and any engine/learner
     numerical mismatch). 0 = off, as in the paper."""
+    agg: str = "token-mean"
+    """How per-token losses become one loss: 'token-mean', 'seq-mean-token-mean' or
+    'seq-mean-token-sum-norm' (see the module docstring); always over the whole mini-batch."""
+    norm_tokens: int = 0
+    """C of 'seq-mean-token-sum-norm'; 0 = rollout.max_new_tokens."""
+
+    def validate(self) -> None:
+        if self.agg not in AGG_MODES:
+            raise ConfigError(f"algo.loss.agg: '{self.agg}' is not one of {', '.join(AGG_MODES)}")
+        if self.norm_tokens < 0:
+            raise ConfigError("algo.loss.norm_tokens must be >= 0 (0 = rollout.max_new_tokens)")
 
 
 def policy_loss(
@@ -70,11 +93,20 @@ def policy_loss(
     return loss, stats
 
 
-def token_mean(values: torch.Tensor, mask: torch.Tensor, num_tokens: float | None = None) -> torch.Tensor:
-    """Sum of ``values * mask`` divided by ``num_tokens`` (default: ``mask.sum()``, at least 1).
-
-    Pass the mini-batch token count when summing over micro-batches, so the result equals
-    the token mean over the whole mini-batch.
-    """
-    denom = float(mask.sum()) if num_tokens is None else float(num_tokens)
-    return (values * mask).sum() / max(denom, 1.0)
+def aggregation_weights(
+    token_counts: torch.Tensor, agg: str, norm_tokens: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_counts: (N,)`` trained tokens per sequence -> ``(w, u)`` each ``(N,) float64`` such that
+    the aggregated loss is ``sum_i w_i sum_t loss_it / sum_i u_i``. A sequence with no trained token
+    weighs nothing and counts no unit."""
+    n = token_counts.double()
+    has = (n > 0).double()
+    if agg == "token-mean":
+        return has, n
+    if agg == "seq-mean-token-mean":
+        return has / n.clamp(min=1), has
+    if agg == "seq-mean-token-sum-norm":
+        if norm_tokens < 1:
+            raise ValueError("seq-mean-token-sum-norm needs norm_tokens >= 1 (the generation limit)")
+        return has / norm_tokens, has
+    raise ValueError(f"unknown aggregation {agg!r}; one of {', '.join(AGG_MODES)}")

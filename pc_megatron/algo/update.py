@@ -1,15 +1,17 @@
-"""One RL update from the scheduler's groups: group advantages → one clipped-surrogate optimizer
-step (the objective itself, truncated IS included, is the learner's ``train_rl``); and the
-batch's metrics.
+"""One RL update from the scheduler's groups: group advantages → one or more clipped-surrogate
+optimizer steps over mini-batches of prompts (the objective itself, truncated IS included, is the
+learner's ``train_rl``); and the batch's metrics.
 
 The learner computes the old log-probs itself rather than trusting the engine's (standard in
 verl and slime). With one optimizer step per batch the old policy *is* the current one, so by
 default (``algo.old_logprobs=fused``) they come from the update's own forward, detached, instead
-of a separate forward pass (verl and slime make that pass because they take several
-mini-batch steps). The engine's log-probs serve only to measure agreement
-(``logprob_mismatch``, on rollouts sampled with the weights being trained; buffered pilots came
-from an older policy and differ by design) and, with ``algo.loss.tis_cap``, as the behaviour
-policy of truncated importance sampling.
+of a separate forward pass. With several steps (``algo.mini_batch_size`` below the batch's prompts,
+or ``algo.epochs > 1``) the old policy is the one before the first step: a separate forward pass
+computes the old log-probs once, and the later steps' ratios move away from 1, where the clip acts.
+Mini-batches are consecutive groups in the scheduler's order, the same order in every epoch.
+The engine's log-probs serve only to measure agreement (``logprob_mismatch``, on rollouts sampled
+with the weights being trained; buffered pilots came from an older policy and differ by design)
+and, with ``algo.loss.tis_cap``, as the behaviour policy of truncated importance sampling.
 """
 
 from __future__ import annotations
@@ -24,6 +26,21 @@ from pc_megatron.rollout.batch import completions_to_batch, group_stats, logprob
 from pc_megatron.rollout.worker import PhaseTimes
 from pc_megatron.scheduler import Group
 
+# per-update statistics reported as their mean over the update's optimizer steps
+_MEANS = ("loss", "grad_norm", "clipfrac", "entropy", "kl", "tis_weight_mean", "tis_truncated_frac", "lr")
+
+
+def mini_batches(groups: list[Group], mini_batch_size: int) -> list[torch.Tensor]:
+    """Row indices of each mini-batch of ``mini_batch_size`` groups (0 = all in one), rows of a group
+    kept together, groups in order."""
+    sizes = [len(g.samples) for g in groups]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    per = mini_batch_size or len(groups)
+    return [
+        torch.cat([torch.arange(starts[i], starts[i] + sizes[i]) for i in range(a, min(a + per, len(groups)))])
+        for a in range(0, len(groups), per)
+    ]
+
 
 def rl_update(
     learner,
@@ -35,6 +52,8 @@ def rl_update(
     temperature: float,
     times: PhaseTimes,
     separate_old_logprobs: bool = False,
+    mini_batch_size: int = 0,
+    epochs: int = 1,
 ) -> dict[str, float]:
     """Train ``learner`` (a ``LearnerRole``) on ``groups``; returns the update's metrics."""
     samples = [s for g in groups for s in g.samples]
@@ -42,23 +61,40 @@ def rl_update(
     rewards = torch.tensor([s.reward for s in samples])
     correct = torch.tensor([s.correct for s in samples])
     group_ids = torch.cat([torch.full((len(g.samples),), i) for i, g in enumerate(groups)])
+    parts = mini_batches(groups, mini_batch_size)
+    several = len(parts) * epochs > 1
     with times("logprob"):
         batch, engine_logp = completions_to_batch(
             [prompt_ids[g.prompt] for g in groups], completions, tokenizer.pad_token_id
         )
-        old_logp = learner.logprobs(batch, temperature) if separate_old_logprobs else None
+        old_logp = learner.logprobs(batch, temperature) if separate_old_logprobs or several else None
         ref_logp = ref_learner.logprobs(batch, temperature) if ref_learner else None
+    version_before = learner.version
+    updates: list[dict] = []
     with times("train"):
         adv = group_advantages(rewards, group_ids, loss_cfg.normalize_adv_by_std)
         behaviour = engine_logp if loss_cfg.tis_cap > 0 else None
-        stats = learner.train_rl(batch, old_logp, adv, loss_cfg, temperature, ref_logp, behaviour)
-    times.carve("train", "optimizer", stats.pop("time_optimizer_s"))
+        for _ in range(epochs):
+            for rows in parts:
+                updates.append(
+                    learner.train_rl(
+                        batch.rows(rows),
+                        _pick(old_logp, rows),
+                        adv[rows],
+                        loss_cfg,
+                        temperature,
+                        _pick(ref_logp, rows),
+                        _pick(behaviour, rows),
+                    )
+                )
+    times.carve("train", "optimizer", sum(u.pop("time_optimizer_s") for u in updates))
     if old_logp is None:
-        old_logp = stats.pop("old_logp")
-    # the learner's version is now one past the weights that gave old_logp
-    fresh = torch.tensor([s.policy_version == learner.version - 1 for s in samples], dtype=torch.float32)
+        old_logp = updates[0].pop("old_logp")
+    # old_logp came from the weights before the first step
+    fresh = torch.tensor([s.policy_version == version_before for s in samples], dtype=torch.float32)
     mismatch, mismatch_max = logprob_mismatch(old_logp, engine_logp, batch.loss_mask * fresh[:, None])
     group_size = len(groups[0].samples)
+    means = {k: sum(u[k] for u in updates) / len(updates) for k in _MEANS if k in updates[0]}
     return {
         "trained_groups": len(groups),
         "reward_mean": float(rewards.mean()),
@@ -68,5 +104,35 @@ def rl_update(
         "frac_truncated": sum(c.finish_reason == "length" for c in completions) / len(completions),
         "logprob_mismatch": mismatch,
         "logprob_mismatch_max": mismatch_max,
-        **stats,
+        "learner/optimizer_steps": len(updates),
+        **means,
+        **pass_metrics(learner, ref_learner, times),
     }
+
+
+def _pick(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if t is None else t[rows]
+
+
+def pass_metrics(learner, ref_learner, times: PhaseTimes) -> dict[str, float]:
+    """What the step's learner passes computed: ``learner/pad_frac`` (share of processed positions
+    that were padding, every pass), ``learner/micro_batches`` (training micro-batches on the busiest
+    data-parallel rank, over the step's optimizer steps) and tokens per second of the ``train`` and
+    ``logprob`` phases (real tokens over the phase's own wall time)."""
+    passes = [learner.take_pass_stats(), *([ref_learner.take_pass_stats()] if ref_learner else [])]
+    total = {k: {"real_tokens": 0.0, "processed": 0.0, "micro_batches": 0.0} for k in ("train", "logprob")}
+    for p in passes:
+        for kind, stats in p.items():
+            for key in total[kind]:
+                total[kind][key] += stats[key]
+    processed = total["train"]["processed"] + total["logprob"]["processed"]
+    real = total["train"]["real_tokens"] + total["logprob"]["real_tokens"]
+    out = {
+        "learner/pad_frac": 1.0 - real / processed if processed else 0.0,
+        "learner/micro_batches": total["train"]["micro_batches"],
+    }
+    for kind in ("train", "logprob"):
+        seconds = times.seconds.get(kind, 0.0)  # train: forward and backward (the optimizer step is carved out)
+        if total[kind]["real_tokens"] and seconds > 0:
+            out[f"learner/{kind}_tokens_per_s"] = total[kind]["real_tokens"] / seconds
+    return out

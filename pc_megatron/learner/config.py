@@ -59,7 +59,20 @@ class LearnerConfig:
     """Log-prob/entropy over the vocabulary: 'triton' (fused kernel, kernels/grpo_loss),
     'torch' (the reference), 'auto' (triton on CUDA, torch on CPU)."""
     micro_batch_size: int = 64
-    """Sequences per forward/backward; gradients accumulate over micro-batches."""
+    """Sequences per forward/backward when max_tokens_per_micro_batch is 0 (fixed rows, each
+    micro-batch trimmed to its longest row); gradients accumulate over micro-batches."""
+    max_tokens_per_micro_batch: int = 16384
+    """Token budget of a training micro-batch on one GPU (verl's ppo_max_token_len_per_gpu): rows
+    are dealt to data-parallel ranks by workload and fill micro-batches of at most this many
+    processed positions (padding included); a longer row runs alone. 0 = fixed rows
+    (micro_batch_size)."""
+    logprob_max_tokens_per_micro_batch: int = 0
+    """Token budget of the forward-only log-prob passes (no activations kept for a backward, so it
+    can be larger); 0 = max_tokens_per_micro_batch."""
+    packing: bool = True
+    """Lay each micro-batch out as one packed stream (THD: rows end to end, attention within each
+    row) instead of a padded matrix: no position is spent on padding. TE's attention on GPU;
+    the local spec (CPU) runs it through pc_megatron/learner/packed_attention.py."""
     offload_during_rollout: bool = False
     """Colocated GPU runs: move optimizer state and gradient buffers to host memory while the
     engine generates, back before the next update (frees room for the engine's KV cache). No
@@ -96,5 +109,8 @@ class LearnerConfig:
             raise ConfigError("learner.sequence_parallel needs learner.tensor_parallel_size > 1")
         if self.micro_batch_size < 1:
             raise ConfigError("learner.micro_batch_size must be >= 1")
+        for key in ("max_tokens_per_micro_batch", "logprob_max_tokens_per_micro_batch"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"learner.{key} must be >= 0 (0 = {'fixed rows' if key[0] == 'm' else 'the same'})")
         if self.lr <= 0:
             raise ConfigError("learner.lr must be > 0")

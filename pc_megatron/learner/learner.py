@@ -24,9 +24,11 @@ import torch
 import torch.distributed as dist
 
 from kernels.grpo_loss import logprob_entropy
-from pc_megatron.algo.loss import LossConfig, policy_loss
+from pc_megatron.algo.loss import LossConfig, aggregation_weights, policy_loss
 from pc_megatron.errors import ModelFileError, TrainingError
 from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.layout import MicroBatchInput
+from pc_megatron.learner.microbatch import Plan, alignment, plan_micro_batches
 from pc_megatron.learner.model import build_gpt_model, resolve_transformer_impl
 from pc_megatron.learner.offload import PinnedOffload
 from pc_megatron.learner.parallel import init_parallel
@@ -48,6 +50,7 @@ CHECKPOINT_FORMAT = 1
 # Distributed-optimizer state is written in the model's (unsharded) space, so a checkpoint loads
 # at any TP/PP (Megatron-Core's "fully reshardable" layout).
 _SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
+_WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # parameter dtypes, by index on the wire
 
 
 @dataclass
@@ -62,6 +65,15 @@ class TokenBatch:
 
     def rows(self, idx: slice | torch.Tensor) -> TokenBatch:
         return TokenBatch(self.tokens[idx], self.loss_mask[idx])
+
+    def lengths(self) -> list[int]:
+        """Tokens of each row that matter: up to the target of its last trained position (mask
+        column ``t`` trains ``tokens[t + 1]``); all ``S`` for a row with nothing trained (logits and
+        log-probs of whole rows). The right padding after them is never computed."""
+        n, s = self.tokens.shape
+        trained = self.loss_mask.detach().cpu() != 0
+        last = (s - 2) - trained.flip(1).to(torch.int8).argmax(1)
+        return torch.where(trained.any(1), last + 2, torch.full((n,), s)).tolist()
 
 
 def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -136,7 +148,9 @@ class Learner:
         self.version = 0  # policy version: number of optimizer steps taken
         self._offloaded = False
         self._host = PinnedOffload()  # pinned host buffers for the optimizer state while offloaded
-        self._masks: dict[int, torch.Tensor] = {}
+        self.align = alignment(cfg.tensor_parallel_size, cfg.sequence_parallel, bool(cfg.fp8))
+        self._pass_stats: dict[str, dict[str, float]] = {}
+        self._oversize_said = False
 
     # ----------------------------------------------------------------- weights
     @property
@@ -217,17 +231,20 @@ class Learner:
         group = ps.get_pipeline_model_parallel_group()
         stage_ranks = dist.get_process_group_ranks(group)
         me = ps.get_pipeline_model_parallel_rank()
-        dtype = next(iter(params.values())).dtype
         for name in megatron_param_names(self.arch, self.transformer_impl):
             owner = pipeline_stage(name, self.arch, pp)
-            shape = torch.zeros(3, dtype=torch.int64, device=self.device)  # (ndim, size0, size1): 1-D or 2-D
+            # (ndim, size0, size1, dtype): 1-D or 2-D; the dtype is the owner's (under bf16 the local
+            # spec's norm weights stay fp32 while the linear weights are bf16)
+            header = torch.zeros(4, dtype=torch.int64, device=self.device)
             if owner == me:
                 full = self._gather_tp(name, params[name])
-                shape[0] = full.dim()
-                shape[1 : 1 + full.dim()] = torch.tensor(full.shape)
-            dist.broadcast(shape, stage_ranks[owner], group=group)
+                header[0] = full.dim()
+                header[1 : 1 + full.dim()] = torch.tensor(full.shape)
+                header[3] = _WIRE_DTYPES.index(full.dtype)
+            dist.broadcast(header, stage_ranks[owner], group=group)
             if owner != me:
-                full = torch.empty(shape[1 : 1 + int(shape[0])].tolist(), dtype=dtype, device=self.device)
+                dims, dtype = header[1 : 1 + int(header[0])].tolist(), _WIRE_DTYPES[int(header[3])]
+                full = torch.empty(dims, dtype=dtype, device=self.device)
             dist.broadcast(full.contiguous(), stage_ranks[owner], group=group)
             yield name, full
 
@@ -255,98 +272,129 @@ class Learner:
             self._offloaded = False
 
     # ----------------------------------------------------------------- forward
-    def _causal_mask(self, s: int) -> torch.Tensor:
-        if s not in self._masks:
-            self._masks[s] = torch.triu(torch.ones(s, s, dtype=torch.bool, device=self.device), 1)[None, None]
-        return self._masks[s]
+    def _plan(self, batch: TokenBatch, max_tokens: int) -> tuple[Plan, list[int]]:
+        """Every data-parallel rank's micro-batches for ``batch`` (the same plan on every rank)."""
+        lengths = batch.lengths()
+        plan = plan_micro_batches(
+            lengths,
+            self.parallel.data_parallel_size,
+            max_tokens=max_tokens,
+            rows_per_micro_batch=self.cfg.micro_batch_size,
+            packed=self.cfg.packing,
+            align=self.align,
+            attention_tokens=6.0 * self.arch.hidden_size,
+        )
+        if plan.oversize and not self._oversize_said:
+            self._oversize_said = True
+            print(
+                f"learner: {len(plan.oversize)} row(s) longer than the micro-batch token budget ({max_tokens}) "
+                f"run alone (longest {max(lengths[i] for i in plan.oversize)} tokens); raise the budget if "
+                "memory allows (said once)",
+                flush=True,
+            )
+        return plan, lengths
 
-    def _forward(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``(b, s, V)`` on the last stage; the stage's output activations elsewhere
-        (the inputs of stages after the first come from the schedule)."""
-        b, s = tokens.shape
-        pos = torch.arange(s, device=self.device).unsqueeze(0).expand(b, -1)
-        return model(tokens, pos, self._causal_mask(s))
-
-    def forward_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``(N, S, V) float32`` logits of a token batch, on every rank (parity checks, tools;
-        training never materialises more than one micro-batch of logits)."""
-        batch = TokenBatch(tokens, torch.zeros(tokens.shape[0], tokens.shape[1] - 1))
-        return self._per_row(batch, (tokens.shape[1], self.arch.vocab_size), lambda logits, _tokens: logits)
-
-    def _token_logp(self, logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
-        """``(log p(tokens[:, t+1]), entropy)`` each ``(N, S-1)`` at the sampling temperature,
+    def _token_logp(self, logits: torch.Tensor, mb: MicroBatchInput, temperature: float):
+        """``(log p(next token), entropy)`` each ``(b, columns)`` per row at the sampling temperature,
         through kernels.grpo_loss (fused Triton kernel or its torch reference)."""
-        n, s, v = logits.shape
-        # Score every position (a dummy target for the last) so the logits are never copied.
-        targets = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
-        logp, entropy = logprob_entropy(logits.reshape(-1, v), targets.reshape(-1), temperature, self.cfg.loss_impl)
-        return logp.view(n, s)[:, :-1], entropy.view(n, s)[:, :-1]
+        v = logits.shape[-1]
+        # every position is scored (a dummy target past the end) so the logits are never copied
+        logp, entropy = logprob_entropy(
+            logits.reshape(-1, v), mb.targets().reshape(-1), temperature, self.cfg.loss_impl
+        )
+        shape = logits.shape[:-1]
+        return mb.per_row(logp.view(shape)), mb.per_row(entropy.view(shape))
 
-    def _dp_rows(self, n: int) -> slice:
-        """This data-parallel rank's contiguous share of ``n`` rows."""
-        from megatron.core import parallel_state as ps
-
-        dp, r = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-        per = -(-n // dp)
-        return slice(min(r * per, n), min((r + 1) * per, n))
-
-    def _run(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...], forward_only: bool) -> dict:
-        """Run this rank's rows through Megatron's schedule in micro-batches. ``loss_fn(rows,
-        tokens, logits) -> (loss_sum, token_count, {key: sum})`` runs on the last stage; the
-        sums over micro-batches (and data-parallel ranks) come back on every rank."""
+    def _run(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...], kind: str) -> dict:
+        """Run this rank's micro-batches of ``batch`` through Megatron's schedule (``kind``: 'train'
+        with a backward pass, else forward only). ``loss_fn(mb, logits) -> (loss_sum, units,
+        {key: sum})`` runs on the last stage, ``mb`` a ``MicroBatchInput``; Megatron divides the
+        gradients by the units summed over micro-batches and data-parallel ranks. The sums come back
+        on every rank."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        mine = self._dp_rows(len(batch))
-        mbs = self.cfg.micro_batch_size
-        slices = [slice(i, min(i + mbs, mine.stop)) for i in range(mine.start, mine.stop, mbs)]
+        budget = self.cfg.max_tokens_per_micro_batch
+        if kind != "train":
+            budget = self.cfg.logprob_max_tokens_per_micro_batch or budget
+        plan, lengths = self._plan(batch, budget)
+        self._count_pass(kind, plan.stats(lengths))
+        mine = plan.ranks[self._dp_rank()]
         parts: list[torch.Tensor] = []  # per micro-batch sums, kept on the device (no sync per micro-batch)
+        causal_mask = self.transformer_impl == "local"  # TE's causal attention takes no mask
 
         def forward_step(data_iterator, model):
-            rows = next(data_iterator)
-            tokens = batch.tokens[rows].to(self.device)
+            mb = MicroBatchInput(batch.tokens, lengths, next(data_iterator), self.device, causal_mask)
 
             def loss_func(logits):
-                loss, count, extra = loss_fn(rows, tokens, logits)
+                loss, count, extra = loss_fn(mb, logits)
                 values = [loss.detach(), count, *(extra[k] for k in keys)]
                 parts.append(torch.stack([torch.as_tensor(v, device=self.device).double() for v in values]))
-                return loss, count.to(torch.int).to(self.device), {}
+                return loss, torch.as_tensor(count).to(torch.int).to(self.device), {}
 
-            return self._forward(model, tokens), loss_func
+            logits = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
+            return logits, loss_func
 
-        if slices:
+        if mine:
             get_forward_backward_func()(
                 forward_step_func=forward_step,
-                data_iterator=iter(slices),
+                data_iterator=iter(mine),
                 model=[self.model],
-                num_microbatches=len(slices),
-                seq_length=batch.tokens.shape[1],
-                micro_batch_size=mbs,
-                forward_only=forward_only,
+                num_microbatches=len(mine),
+                seq_length=max(mb.width for mb in mine),  # shapes travel with each micro-batch (PP > 1)
+                micro_batch_size=max(len(mb.rows) for mb in mine),
+                forward_only=kind != "train",
             )
         if parts:
             sums = torch.stack(parts).sum(0)
         else:  # not the last stage, or no rows on this data-parallel rank
             sums = torch.zeros(len(keys) + 2, dtype=torch.float64, device=self.device)
         sums = self._collect(sums)
-        return dict(zip(("loss", "tokens", *keys), sums.tolist(), strict=True))
+        return dict(zip(("loss", "units", *keys), sums.tolist(), strict=True))
+
+    def _dp_rank(self) -> int:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_rank()
+
+    def _count_pass(self, kind: str, stats: dict[str, float]) -> None:
+        mine = self._pass_stats.setdefault(kind, dict.fromkeys(stats, 0.0) | {"passes": 0.0})
+        for key, value in stats.items():
+            mine[key] += value
+        mine["passes"] += 1
+
+    def take_pass_stats(self) -> dict[str, dict[str, float]]:
+        """What the passes since the last call processed, by kind ('train', 'logprob'): real tokens,
+        processed positions (padding included), micro-batches on the busiest data-parallel rank,
+        passes. Resets the counters."""
+        out, self._pass_stats = self._pass_stats, {}
+        return out
+
+    def forward_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``(N, S, V) float32`` logits of a token batch, on every rank (parity checks, tools;
+        training never materialises more than one micro-batch of logits)."""
+        batch = TokenBatch(tokens, torch.zeros(tokens.shape[0], tokens.shape[1] - 1))
+        shape = (tokens.shape[1], self.arch.vocab_size)
+        return self._per_row(batch, shape, lambda mb, logits: mb.per_row(logits, extra=1))
 
     def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
-        """``(N, S-1) float32`` log-probs of each next token under the current policy."""
+        """``(N, S-1) float32`` log-probs of each next token under the current policy (0 past a row's
+        last trained position: see ``TokenBatch.lengths``)."""
         width = (batch.tokens.shape[1] - 1,)
-        return self._per_row(batch, width, lambda logits, tokens: self._token_logp(logits, tokens, temperature)[0])
+        return self._per_row(batch, width, lambda mb, logits: self._token_logp(logits, mb, temperature)[0])
 
     @torch.no_grad()
     def _per_row(self, batch: TokenBatch, shape: tuple[int, ...], value: Callable) -> torch.Tensor:
-        """``(N, *shape) float32``: ``value(logits, tokens)`` of every micro-batch, forward only,
-        gathered into one tensor on every rank."""
+        """``(N, *shape) float32``: ``value(mb, logits) -> (b, columns, ...)`` of every micro-batch,
+        forward only, gathered into one tensor on every rank (zeros past each row's columns)."""
         self.model.eval()
         out = torch.zeros(len(batch), *shape)
 
-        def loss_fn(rows, tokens, logits):
-            out[rows] = value(logits, tokens).float().cpu()
-            return torch.zeros((), device=self.device), torch.zeros(()), {}
+        def loss_fn(mb, logits):
+            got = value(mb, logits).float().cpu()
+            out[mb.rows, : got.shape[1]] = got
+            return torch.zeros((), device=self.device), 0, {}
 
-        self._run(batch, loss_fn, (), forward_only=True)
+        self._run(batch, loss_fn, (), kind="logprob")
         return self._collect(out)
 
     def _collect(self, out: torch.Tensor) -> torch.Tensor:
@@ -367,8 +415,9 @@ class Learner:
 
     # ----------------------------------------------------------------- updates
     def _step(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...] = ()) -> dict[str, float]:
-        """Gradients of the token-mean loss over ``batch`` (accumulated over micro-batches,
-        reduced over data-parallel ranks), then one optimizer step."""
+        """Gradients of ``loss_fn``'s sum over ``batch`` divided by its units summed over the whole
+        batch (accumulated over micro-batches, reduced over data-parallel ranks), then one optimizer
+        step. ``keys`` come back divided by the trained-token count (``tokens`` among them)."""
         self.onload()
         self.model.train()
         self.model.zero_grad_buffer()
@@ -381,8 +430,8 @@ class Learner:
                 "ranks; train on at least one sequence per rank (algo.prompts_per_step x samples_per_prompt)"
             )
         with phase_range("forward_backward"):
-            sums = self._run(batch, loss_fn, keys, forward_only=False)
-        loss = sums["loss"] / max(sums["tokens"], 1.0)
+            sums = self._run(batch, loss_fn, ("tokens", *keys), kind="train")
+        loss = sums["loss"] / max(sums["units"], 1.0)
         if not math.isfinite(loss):
             raise TrainingError(
                 f"non-finite loss ({loss}) at policy version {self.version}; nothing was applied "
@@ -409,11 +458,12 @@ class Learner:
 
     def train_sft(self, batch: TokenBatch) -> dict[str, float]:
         """One optimizer step of token-mean cross-entropy on the masked tokens."""
+        mask = batch.loss_mask.to(self.device)
 
-        def loss_fn(rows, tokens, logits):
-            logp, _ = self._token_logp(logits, tokens, 1.0)
-            mask = batch.loss_mask[rows].to(self.device)
-            return (-logp * mask).sum(), mask.sum(), {}
+        def loss_fn(mb, logits):
+            logp, _ = self._token_logp(logits, mb, 1.0)
+            m = mask[mb.rows.to(self.device), : mb.columns]
+            return (-logp * m).sum(), m.sum(), {"tokens": m.sum()}
 
         return self._step(batch, loss_fn)
 
@@ -427,7 +477,8 @@ class Learner:
         ref_logp: torch.Tensor | None = None,
         behaviour_logp: torch.Tensor | None = None,
     ) -> dict:
-        """One optimizer step of the clipped surrogate over ``batch`` (token-mean over all of it).
+        """One optimizer step of the clipped surrogate over ``batch``, aggregated by
+        ``loss_cfg.agg`` over all of it (``algo.loss``: token-mean, or a mean over sequences).
 
         ``advantages: (N,)`` broadcast over each sequence's tokens. ``old_logp: (N, S-1)``, or
         None: with one optimizer step per batch the old policy is the current one, so the
@@ -436,28 +487,32 @@ class Learner:
         With ``loss_cfg.tis_cap > 0``, ``behaviour_logp: (N, S-1)`` (the engine's sampling
         log-probs) gives each token's truncated importance weight ``min(pi_old / pi_behaviour,
         cap)``, a constant that scales its advantage (``tis_weight_mean``, ``tis_truncated_frac``).
+        Statistics (clip fraction, entropy, KL) are token means over the whole batch.
         """
         tis = loss_cfg.tis_cap > 0
         if tis and behaviour_logp is None:
             raise ValueError("algo.loss.tis_cap > 0 needs the behaviour (engine) log-probs")
         keys = ("clipfrac", "entropy", "kl", *(("tis_weight_mean", "tis_truncated_frac") if tis else ()))
         own = torch.zeros(batch.loss_mask.shape) if old_logp is None else None
+        row_weight, row_units = aggregation_weights(batch.loss_mask.sum(1), loss_cfg.agg, loss_cfg.norm_tokens)
+        dev = self.device
 
-        def loss_fn(rows, tokens, logits):
-            mask = batch.loss_mask[rows].to(self.device)
-            logp, entropy = self._token_logp(logits, tokens, temperature)
+        def loss_fn(mb, logits):
+            rows, k = mb.rows, mb.columns
+            mask = batch.loss_mask[rows, :k].to(dev)
+            logp, entropy = self._token_logp(logits, mb, temperature)
             if own is not None:
-                own[rows] = logp.detach().float().cpu()
+                own[rows, :k] = logp.detach().float().cpu()
                 old = logp.detach()
             else:
-                old = old_logp[rows].to(self.device)
-            ref = ref_logp[rows].to(self.device) if ref_logp is not None else None
-            adv = advantages[rows, None].to(self.device)
-            extra = {}
+                old = old_logp[rows, :k].to(dev)
+            ref = ref_logp[rows, :k].to(dev) if ref_logp is not None else None
+            adv = advantages[rows, None].to(dev)
+            extra = {"tokens": mask.sum()}
             if tis:
-                raw = torch.exp(old - behaviour_logp[rows].to(self.device))
+                raw = torch.exp(old - behaviour_logp[rows, :k].to(dev))
                 adv = adv * raw.clamp(max=loss_cfg.tis_cap)
-                extra = {
+                extra |= {
                     "tis_weight_mean": (raw.clamp(max=loss_cfg.tis_cap) * mask).sum(),
                     "tis_truncated_frac": ((raw > loss_cfg.tis_cap) * mask).sum(),
                 }
@@ -467,7 +522,8 @@ class Learner:
                 "entropy": (entropy.detach() * mask).sum(),
                 "kl": (stats["kl"] * mask).sum() if "kl" in stats else 0.0,
             }
-            return (loss * mask).sum(), mask.sum(), extra
+            weighted = (loss * mask).sum(1) * row_weight[rows].to(dev)
+            return weighted.sum(), row_units[rows].sum(), extra
 
         out: dict = self._step(batch, loss_fn, keys)
         if own is not None:

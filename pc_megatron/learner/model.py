@@ -83,7 +83,11 @@ def build_gpt_model(
     if impl == "transformer_engine":
         layer_spec = specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
     else:
+        from pc_megatron.learner.packed_attention import PackedDotProductAttention
+
         layer_spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
+        # the local attention plus packed (THD) micro-batches; unpacked input takes the parent's path
+        layer_spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
     model = GPTModel(
         config=transformer_config(arch, bf16, fp8, fp8_recipe, sp),
         transformer_layer_spec=layer_spec,

@@ -439,6 +439,9 @@ class RayLearnerGroup:
     def train_rl(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         return self._call("train_rl", *args, **kwargs)
 
+    def take_pass_stats(self) -> dict[str, dict[str, float]]:
+        return self._call("take_pass_stats")  # every rank plans every rank's micro-batches: rank 0 knows all
+
     def save(self, path: str | Path) -> None:
         self._call("save", str(path))
 

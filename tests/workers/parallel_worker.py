@@ -4,7 +4,11 @@ remaining ranks):
 - ``check``: logits, HF export, one RL step (batch A) and the logits after it; then save a
   learner checkpoint to OUT/ckpt/NAME and take an SFT step (batch B: its loss depends on the
   weights, its update on the Adam moments) and the logits after it;
-- ``resume CKPT_ROOT``: load CKPT_ROOT/NAME and take the same SFT step.
+- ``resume CKPT_ROOT``: load CKPT_ROOT/NAME and take the same SFT step;
+- ``shape``: on a ragged batch (lengths spanning 50x), for each micro-batch layout of ``SHAPES``,
+  log-probs and one RL step's gradients; every rank saves its gradient shards to
+  OUT/NAME-LAYOUT-rankR.pt; then (PP > 1) the HF export with the linear weights in bf16 and the
+  norms in fp32, whose dtypes rank 0 saves to OUT/NAME-dtypes.pt.
 
 Rank 0 saves the results to OUT/NAME.pt."""
 
@@ -26,6 +30,57 @@ def batch(seed: int) -> TokenBatch:
 
 
 ADV = torch.tensor([1.0, -0.5, 0.3, 0.8])
+
+RAGGED_LENGTHS = [4, 200, 9, 57, 120, 16, 33, 81]  # 50x apart, one long tail
+# micro-batch layouts compared by the shape tests: fixed rows, token budgets, padded and packed
+SHAPES = {
+    "rows3": dict(max_tokens_per_micro_batch=0, micro_batch_size=3, packing=False),
+    "padded256": dict(max_tokens_per_micro_batch=256, packing=False),
+    "packed256": dict(max_tokens_per_micro_batch=256, packing=True),
+    "packed128": dict(max_tokens_per_micro_batch=128, packing=True),  # the 200-token row runs alone
+}
+
+
+def ragged_batch() -> tuple[TokenBatch, torch.Tensor]:
+    """Rows of RAGGED_LENGTHS tokens (right-padded with 0), each training all but its first 3
+    tokens' targets; advantages of both signs."""
+    g = torch.Generator().manual_seed(11)
+    s = max(RAGGED_LENGTHS)
+    tokens = torch.zeros(len(RAGGED_LENGTHS), s, dtype=torch.long)
+    mask = torch.zeros(len(RAGGED_LENGTHS), s - 1)
+    for i, n in enumerate(RAGGED_LENGTHS):
+        tokens[i, :n] = torch.randint(1, 96, (n,), generator=g)
+        mask[i, min(3, n - 2) : n - 1] = 1
+    return TokenBatch(tokens, mask), torch.tensor([1.0, -0.5, 0.3, 0.8, -1.2, 0.6, -0.2, 0.9])
+
+
+def shape_check(folder: str, out: Path, tp: int, pp: int) -> None:
+    from megatron.core import parallel_state as ps
+
+    name, rank = Path(folder).name, int(os.environ.get("RANK", 0))
+    batch, adv = ragged_batch()
+    for layout, kw in SHAPES.items():
+        cfg = LearnerConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp, clip_grad=0.0, **kw)
+        learner = Learner(folder, cfg, seed=0)
+        old = learner.logprobs(batch)
+        stats = learner.train_rl(batch, old, adv, LossConfig(), 1.0)
+        grads = {learner._global[n]: p.main_grad.clone() for n, p in learner.module.named_parameters()}
+        where = {
+            "tp": ps.get_tensor_model_parallel_rank(),
+            "pp": ps.get_pipeline_model_parallel_rank(),
+            "dp": ps.get_data_parallel_rank(),
+        }
+        torch.save(
+            {**where, "grads": grads, "loss": stats["loss"], "logprobs": old}, out / f"{name}-{layout}-rank{rank}.pt"
+        )
+    if pp > 1:  # stages own tensors of different dtypes: the export must carry each one's dtype
+        learner = Learner(folder, LearnerConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp), seed=0)
+        for n, p in learner.module.named_parameters():
+            if "linear" in n:
+                p.data = p.data.to(torch.bfloat16)
+        dtypes = {k: v.dtype for k, v in learner.hf_named_tensors()}
+        if rank == 0:
+            torch.save(dtypes, out / f"{name}-dtypes.pt")
 
 
 def rl_step(learner: Learner, b: TokenBatch) -> dict:
@@ -55,6 +110,9 @@ def main() -> None:
         distributed_optimizer=bool(os.environ.get("PCM_DIST_OPT")),
     )
     for folder in folders:
+        if mode == "shape":
+            shape_check(folder, out, tp, pp)
+            continue
         name = Path(folder).name
         learner = Learner(folder, cfg, seed=0)
         tokens = batch(1).tokens

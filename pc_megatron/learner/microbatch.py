@@ -1,0 +1,173 @@
+"""Micro-batch planning: which rows of a batch go to which data-parallel rank, in which micro-batch,
+at what width. Pure Python on row lengths; every rank computes the same plan from the same batch.
+
+Two layouts of a micro-batch (``learner.packing``):
+
+- **padded**: a ``(rows, width)`` matrix, ``width`` = its longest row rounded up to ``align``.
+  Processed positions = rows x width.
+- **packed** (THD): the rows laid end to end in one stream, whose length is rounded up to ``align``
+  (the rounding is one more, junk, segment). Processed positions = the stream's length.
+
+Two ways to cut micro-batches:
+
+- **fixed rows** (``max_tokens=0``): each rank takes a contiguous share of the rows, cut every
+  ``rows_per_micro_batch`` rows (the learner's historical behaviour; each micro-batch is still trimmed
+  to its own longest row).
+- **token budget** (``max_tokens>0``): rows are dealt to ranks by workload (longest-processing-time
+  first: the heaviest row to the least-loaded rank), then each rank's rows, longest first, fill
+  micro-batches while the processed positions stay within the budget. A row that alone exceeds the
+  budget gets a micro-batch of its own (``oversize``).
+
+Workload of a row of ``L`` tokens: ``L + L^2 / attention_tokens``. The linear layers cost about
+``24 h^2`` flops a token and attention ``4 h L``, so attention adds ``L / (6 h)`` of a token's linear
+cost: ``attention_tokens = 6 x hidden_size``.
+
+``align`` comes from the layout (``alignment``): sequence parallelism splits the sequence over the
+tensor-parallel ranks (a multiple of TP), FP8 GEMMs need their token dimension in multiples of 16.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """``rows``: indices into the caller's batch, in the order laid out; ``width``: the padded
+    layout's row width, or the packed stream's length."""
+
+    rows: tuple[int, ...]
+    width: int
+    packed: bool
+
+    @property
+    def processed(self) -> int:
+        """Positions the model computes for this micro-batch (real and padding)."""
+        return self.width if self.packed else self.width * len(self.rows)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Micro-batches of each data-parallel rank, and the rows that exceeded the budget alone."""
+
+    ranks: tuple[tuple[MicroBatch, ...], ...]
+    oversize: tuple[int, ...] = ()
+
+    def stats(self, lengths: Sequence[int]) -> dict[str, float]:
+        """``real_tokens`` (sum of row lengths), ``processed`` (positions computed, padding included),
+        ``micro_batches`` (on the busiest rank: the pass takes that many steps)."""
+        processed = sum(mb.processed for rank in self.ranks for mb in rank)
+        return {
+            "real_tokens": float(sum(lengths)),
+            "processed": float(processed),
+            "micro_batches": float(max((len(r) for r in self.ranks), default=0)),
+        }
+
+
+def alignment(tensor_parallel_size: int, sequence_parallel: bool, fp8: bool) -> int:
+    """Multiple that a micro-batch's width (padded) or stream length (packed) must be: TP under
+    sequence parallelism (the sequence is split over TP ranks), times 16 under FP8 (TE's GEMMs need
+    the token dimension of each rank's share in multiples of 8, the hidden in 16; 16 covers both)."""
+    return (tensor_parallel_size if sequence_parallel else 1) * (16 if fp8 else 1)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def workload(length: int, attention_tokens: float) -> float:
+    return length + length * length / attention_tokens
+
+
+def plan_micro_batches(
+    lengths: Sequence[int],
+    data_parallel_size: int,
+    *,
+    max_tokens: int = 0,
+    rows_per_micro_batch: int = 1,
+    packed: bool = False,
+    align: int = 1,
+    attention_tokens: float = math.inf,
+) -> Plan:
+    """Plan a pass over rows of ``lengths`` tokens (each >= 1) on ``data_parallel_size`` ranks.
+
+    Every row lands in exactly one micro-batch of exactly one rank; a rank gets at least one row
+    when there are at least as many rows as ranks."""
+    if any(n < 1 for n in lengths):
+        raise ValueError("every row needs at least one token")
+    dp = data_parallel_size
+    if max_tokens <= 0:
+        n, ranks = len(lengths), []
+        for r in range(dp):
+            mine = range(r * n // dp, (r + 1) * n // dp)  # contiguous shares that differ by at most one row
+            cuts = [tuple(mine[i : i + rows_per_micro_batch]) for i in range(0, len(mine), rows_per_micro_batch)]
+            ranks.append(tuple(_layout(rows, lengths, packed, align) for rows in cuts))
+        return Plan(tuple(ranks))
+    shares = _deal(lengths, dp, attention_tokens)
+    ranks, oversize = [], []
+    for rows in shares:
+        cut, big = _fill(sorted(rows, key=lambda i: (-lengths[i], i)), lengths, max_tokens, packed, align)
+        ranks.append(cut)
+        oversize.extend(big)
+    return Plan(tuple(ranks), tuple(sorted(oversize)))
+
+
+def _deal(lengths: Sequence[int], dp: int, attention_tokens: float) -> list[list[int]]:
+    """Rows to ranks, heaviest first, each to the rank with the least work so far (ties: fewer rows,
+    then the lower rank): the busiest rank exceeds the ideal share by at most one row's work."""
+    heap = [(0.0, 0, r) for r in range(dp)]
+    shares: list[list[int]] = [[] for _ in range(dp)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        load, count, r = heapq.heappop(heap)
+        shares[r].append(i)
+        heapq.heappush(heap, (load + workload(lengths[i], attention_tokens), count + 1, r))
+    return shares
+
+
+def _fill(
+    rows: list[int], lengths: Sequence[int], max_tokens: int, packed: bool, align: int
+) -> tuple[tuple[MicroBatch, ...], list[int]]:
+    """Rows sorted longest first into micro-batches within ``max_tokens`` processed positions.
+    Packed: first fit (a shorter row may still fill a gap in an earlier stream). Padded: consecutive
+    rows (neighbours have similar lengths, so little padding), each bin as wide as its first row."""
+    bins: list[list[int]] = []
+    used: list[int] = []  # real tokens in each bin; an oversize row's bin counts as full
+    oversize = []
+    for i in rows:
+        n = lengths[i]
+        if round_up(n, align) > max_tokens:
+            oversize.append(i)
+            bins.append([i])
+            used.append(math.inf)
+            continue
+        if packed:
+            fit = next((b for b, u in enumerate(used) if round_up(u + n, align) <= max_tokens), None)
+        else:
+            last = len(bins) - 1
+            fits = last >= 0 and used[last] < math.inf
+            fit = (
+                last if fits and round_up(lengths[bins[last][0]], align) * (len(bins[last]) + 1) <= max_tokens else None
+            )
+        if fit is None:
+            bins.append([])
+            used.append(0)
+            fit = len(bins) - 1
+        bins[fit].append(i)
+        used[fit] += n
+    return tuple(_layout(tuple(b), lengths, packed, align) for b in bins), oversize
+
+
+def _layout(rows: tuple[int, ...], lengths: Sequence[int], packed: bool, align: int) -> MicroBatch:
+    width = sum(lengths[i] for i in rows) if packed else max(lengths[i] for i in rows)
+    return MicroBatch(rows, round_up(width, align), packed)
+
+
+def stream_offsets(lengths: Sequence[int]) -> list[int]:
+    """Start of each row in a packed stream (rows end to end); the last entry is the total."""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out

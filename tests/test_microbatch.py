@@ -1,0 +1,112 @@
+"""Micro-batch planning (pure, CPU): every row once, budgets kept, widths aligned, ranks balanced,
+and the THD stream layout of a planned micro-batch."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pc_megatron.learner.layout import MicroBatchInput
+from pc_megatron.learner.microbatch import MicroBatch, alignment, plan_micro_batches, round_up, workload
+
+lengths_st = st.lists(st.integers(1, 400), min_size=1, max_size=60)
+
+
+def _rows(plan):
+    return [i for rank in plan.ranks for mb in rank for i in mb.rows]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=lengths_st,
+    dp=st.integers(1, 4),
+    budget=st.sampled_from([0, 64, 200, 1000]),
+    packed=st.booleans(),
+    align=st.sampled_from([1, 2, 16, 32]),
+)
+def test_every_row_lands_once_within_budget_and_aligned(lengths, dp, budget, packed, align):
+    plan = plan_micro_batches(
+        lengths, dp, max_tokens=budget, rows_per_micro_batch=5, packed=packed, align=align, attention_tokens=500.0
+    )
+    assert len(plan.ranks) == dp
+    assert sorted(_rows(plan)) == list(range(len(lengths)))
+    if len(lengths) >= dp:
+        assert all(rank for rank in plan.ranks), "a rank without rows"
+    for rank in plan.ranks:
+        for mb in rank:
+            need = sum(lengths[i] for i in mb.rows) if packed else max(lengths[i] for i in mb.rows)
+            assert mb.width % align == 0 and need <= mb.width < need + align
+            if budget:
+                assert mb.processed <= budget or (len(mb.rows) == 1 and mb.rows[0] in plan.oversize)
+            else:
+                assert len(mb.rows) <= 5
+    if budget:
+        assert all(round_up(lengths[i], align) > budget for i in plan.oversize)
+        stats = plan.stats(lengths)
+        assert stats["real_tokens"] == sum(lengths) <= stats["processed"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=lengths_st, dp=st.integers(2, 4))
+def test_ranks_are_balanced_by_workload_within_one_row(lengths, dp):
+    """Longest-processing-time first: no rank carries more than the ideal share plus one row's work."""
+    plan = plan_micro_batches(lengths, dp, max_tokens=4096, packed=True, attention_tokens=300.0)
+    loads = [sum(workload(lengths[i], 300.0) for mb in rank for i in mb.rows) for rank in plan.ranks]
+    ideal = sum(workload(n, 300.0) for n in lengths) / dp
+    assert max(loads) <= ideal + max(workload(n, 300.0) for n in lengths) + 1e-9
+
+
+def test_budget_cuts_sorted_rows_with_little_padding():
+    """A log-normal-ish batch: sorted padded micro-batches waste far less than one batch-wide pad."""
+    g = torch.Generator().manual_seed(0)
+    lengths = (torch.exp(torch.randn(48, generator=g) * 0.8 + 4.4).clamp(12, 768)).long().tolist()
+    whole = plan_micro_batches(lengths, 1, rows_per_micro_batch=64).stats(lengths)
+    padded = plan_micro_batches(lengths, 1, max_tokens=2048).stats(lengths)
+    packed = plan_micro_batches(lengths, 1, max_tokens=2048, packed=True).stats(lengths)
+    assert whole["processed"] == 48 * max(lengths)
+    assert padded["processed"] < 1.5 * sum(lengths) < whole["processed"] / 2
+    assert packed["processed"] == sum(lengths)
+
+
+def test_a_row_over_the_budget_runs_alone():
+    plan = plan_micro_batches([10, 300, 20, 30], 1, max_tokens=64)
+    assert plan.oversize == (1,)
+    assert (1,) in [mb.rows for mb in plan.ranks[0]]
+
+
+def test_fixed_rows_keep_contiguous_shares_in_order():
+    plan = plan_micro_batches([5, 9, 2, 7, 3], 2, rows_per_micro_batch=2)
+    assert [[mb.rows for mb in rank] for rank in plan.ranks] == [[(0, 1)], [(2, 3), (4,)]]
+    assert [mb.width for mb in plan.ranks[1]] == [7, 3]  # each trimmed to its own longest row
+
+
+@pytest.mark.parametrize(
+    ("tp", "sp", "fp8", "want"), [(1, False, False, 1), (4, False, False, 1), (4, True, False, 4), (2, True, True, 32)]
+)
+def test_alignment_for_sequence_parallel_and_fp8(tp, sp, fp8, want):
+    assert alignment(tp, sp, fp8) == want
+
+
+def test_packed_stream_layout_and_unpacking():
+    """Rows end to end, a padding segment to the aligned length, positions restarting per row; the
+    per-position outputs of the stream come back per row, zero past each row."""
+    tokens = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0], [1, 2, 3, 4, 0]])
+    mb = MicroBatch(rows=(2, 0, 1), width=round_up(4 + 3 + 2, 4), packed=True)
+    x = MicroBatchInput(tokens, [3, 2, 4], mb, torch.device("cpu"), causal_mask=False)
+    assert x.tokens.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 0, 0]]
+    assert x.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 0, 1, 2]]
+    assert x.packed_seq_params.cu_seqlens_q.tolist() == [0, 4, 7, 9, 12]
+    assert x.packed_seq_params.max_seqlen_q == 4
+    assert x.targets().tolist() == [[2, 3, 4, 5, 6, 7, 8, 9, 0, 0, 0, 0]]
+    stream = torch.arange(12.0)[None]  # value at stream position p is p
+    assert x.per_row(stream).tolist() == [[0, 1, 2], [4, 5, 0], [7, 0, 0]]
+    assert x.per_row(stream, extra=1).tolist() == [[0, 1, 2, 3], [4, 5, 6, 0], [7, 8, 0, 0]]
+
+
+def test_padded_layout_trims_to_the_width():
+    tokens = torch.tensor([[5, 6, 7, 0, 0, 0], [8, 9, 0, 0, 0, 0]])
+    x = MicroBatchInput(tokens, [3, 2], MicroBatch(rows=(1, 0), width=4, packed=False), torch.device("cpu"), True)
+    assert x.tokens.tolist() == [[8, 9, 0, 0], [5, 6, 7, 0]]
+    assert x.attention_mask.shape == (1, 1, 4, 4)
+    values = torch.arange(8.0).view(2, 4)
+    assert x.per_row(values).tolist() == [[0, 0], [4, 5]]  # row 1 (L=2) has one output, row 0 (L=3) two
