@@ -144,3 +144,83 @@ def test_a_token_batch_knows_its_rows_lengths():
     tokens = torch.zeros(3, 6, dtype=torch.long)
     mask = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0]], dtype=torch.float32)
     assert TokenBatch(tokens, mask).lengths() == [4, 6, 6]  # last trained target + 1; untrained: all
+
+
+# ------------------------------------------------------------------ mini-batches
+class _Recording:
+    """A learner whose every optimizer step is recorded: its statistics and the weights after it."""
+
+    def __init__(self, learner: Learner) -> None:
+        self.learner, self.steps = learner, []
+
+    def __getattr__(self, name):
+        return getattr(self.learner, name)
+
+    def train_rl(self, *args, **kwargs):
+        out = self.learner.train_rl(*args, **kwargs)
+        weights = {n: p.detach().clone() for n, p in self.learner.module.named_parameters()}
+        self.steps.append((dict(out), weights))
+        return out
+
+
+def _groups(num_groups: int, per_group: int):
+    """Scheduler groups of ragged completions after prompts of 3-6 tokens, rewards mixed in each group."""
+    from types import SimpleNamespace
+
+    from pc_megatron.rollout.base import Completion
+    from pc_megatron.scheduler import Group, Sample
+
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 96, (3 + i % 4,), generator=g).tolist() for i in range(num_groups)]
+    groups = []
+    for i in range(num_groups):
+        samples = []
+        for j in range(per_group):
+            n = int(torch.randint(2, 40, (1,), generator=g))
+            ids = torch.randint(1, 96, (n,), generator=g).tolist()
+            completion = Completion(prompt_index=i, token_ids=ids, logprobs=[-1.0] * n, finish_reason="stop")
+            samples.append(Sample(correct=j % 2 == 0, reward=float(j % 2 == 0), payload=completion, tokens=n))
+        groups.append(Group(prompt=i, samples=samples))
+    return groups, prompts, SimpleNamespace(pad_token_id=0)
+
+
+def test_mini_batches_first_step_is_a_single_step_on_its_rows_and_later_steps_clip(ragged_model):
+    """algo.mini_batch_size=1 on 4 groups: 4 optimizer steps from one set of old log-probs. The first
+    equals one step on the first group alone; the later ones see ratios away from 1 and clip."""
+    from pc_megatron.algo.advantages import group_advantages
+    from pc_megatron.algo.update import rl_update
+    from pc_megatron.rollout.batch import completions_to_batch
+    from pc_megatron.rollout.worker import PhaseTimes
+
+    groups, prompts, tok = _groups(4, 4)
+    cfg = LearnerConfig(lr=3e-2, max_tokens_per_micro_batch=64)
+    rec = _Recording(Learner(ragged_model, cfg, seed=0))
+    out = rl_update(rec, None, groups, prompts, tok, LossConfig(), 1.0, PhaseTimes(), mini_batch_size=1, epochs=1)
+    assert out["learner/optimizer_steps"] == 4 and len(rec.steps) == 4
+    clip = [s["clipfrac"] for s, _ in rec.steps]
+    assert clip[0] == 0 and max(clip[1:]) > 0, clip
+    assert out["clipfrac"] == pytest.approx(sum(clip) / 4)
+    assert out["learner/pad_frac"] == 0 and out["learner/micro_batches"] >= 4  # packed: no padding
+
+    single = Learner(ragged_model, cfg, seed=0)
+    batch, _ = completions_to_batch(prompts, [s.payload for g in groups for s in g.samples], 0)
+    rows = torch.arange(4)  # the first group's samples
+    rewards = torch.tensor([s.reward for g in groups for s in g.samples])
+    adv = group_advantages(rewards, torch.arange(4).repeat_interleave(4), True)
+    old = single.logprobs(batch)
+    single.train_rl(batch.rows(rows), old[rows], adv[rows], LossConfig(), 1.0)
+    first = rec.steps[0][1]
+    for n, p in single.module.named_parameters():
+        assert torch.allclose(p, first[n], atol=1e-6), n
+    # the step did move the weights (so the comparison above can fail)
+    assert any(not torch.allclose(p, rec.steps[1][1][n]) for n, p in single.module.named_parameters())
+
+
+def test_two_epochs_take_every_mini_batch_twice(ragged_model):
+    from pc_megatron.algo.update import rl_update
+    from pc_megatron.rollout.worker import PhaseTimes
+
+    groups, prompts, tok = _groups(4, 2)
+    rec = _Recording(Learner(ragged_model, LearnerConfig(lr=1e-3), seed=0))
+    out = rl_update(rec, None, groups, prompts, tok, LossConfig(), 1.0, PhaseTimes(), mini_batch_size=2, epochs=2)
+    assert out["learner/optimizer_steps"] == 4 == rec.learner.version
