@@ -14,7 +14,10 @@ a colocated run (learner rank i and an engine worker share GPU i):
   ``2 * (4h + q + 2kv + q + 3 * ffn)`` bytes, the head and FFN terms split over TP, the ``h``
   terms too with sequence parallelism; times the micro-batches in flight on the first pipeline
   stage (1F1B: up to PP); plus the logits and their gradient (bf16, ``4 * V / TP`` bytes per
-  token, into the fused log-prob kernel; ``12 * V / TP`` with ``learner.loss_impl=torch``);
+  token, into the fused log-prob kernel; ``12 * V / TP`` with ``learner.loss_impl=torch``). A
+  micro-batch holds ``learner.max_tokens_per_micro_batch`` positions (or, with fixed rows,
+  ``micro_batch_size`` longest sequences), and at least one longest sequence (a longer row runs
+  alone); the largest budget that fits is reported beside it;
 - the engine: ``rollout.vllm.gpu_memory_utilization`` of the GPU while it generates (its weights,
   ``2 * params / engine TP``, and the KV cache in the rest); asleep while the learner trains.
 
@@ -82,19 +85,21 @@ def plan(cfg: Any, gpu_gib: float = 140.0) -> dict:
     # the longest sequence: prompt limit + response, else what the engine (or the model) allows
     limit = cfg.data.max_prompt_tokens
     seq = limit + rc.max_new_tokens if limit else (v.max_model_len or a.max_position_embeddings)
-    b = lc.micro_batch_size
+    budget = lc.max_tokens_per_micro_batch
+    mb_tokens = max(budget, seq) if budget else seq * lc.micro_batch_size  # a longer row runs alone
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     h_split = tp if lc.sequence_parallel else 1
     per_token_layer = 2 * (4 * a.hidden_size / h_split + (2 * q + 2 * kv + 3 * a.ffn_hidden_size) / tp)
-    in_flight = (
-        min(pp, 1 + (cfg.algo.prompts_per_step * cfg.algo.samples_per_prompt) // max(b * dp, 1)) if pp > 1 else 1
-    )
+    step_tokens = cfg.algo.prompts_per_step * cfg.algo.samples_per_prompt * seq
+    in_flight = min(pp, 1 + step_tokens // max(mb_tokens * dp, 1)) if pp > 1 else 1
     # the output layer's logits and their gradient: bf16 into the fused kernel, fp32 copies on the torch path
     logit_bytes = (12 if lc.loss_impl == "torch" else 4) * a.vocab_size / tp
-    activations = per_token_layer * per_stage * seq * b * in_flight + logit_bytes * seq * b
+    per_token = per_token_layer * per_stage * in_flight + logit_bytes
+    activations = per_token * mb_tokens
     learner_state = weights + grads + optimizer
     train_peak = learner_state + activations
     gpu = gpu_gib * GIB
+    fitting_budget = max(int((gpu - learner_state) / per_token) // 1024 * 1024, 0)
     engine_tp = v.tensor_parallel_size
     engine_weights = 2 * n["total"] / engine_tp
     engine_share = v.gpu_memory_utilization * gpu if rc.backend == "vllm" else engine_weights
@@ -123,6 +128,9 @@ def plan(cfg: Any, gpu_gib: float = 140.0) -> dict:
         "optimizer_with_distopt": 12 * p_gpu / dp,
         "activations": activations,
         "sequence": seq,
+        "micro_batch_tokens": mb_tokens,
+        "budget": budget,
+        "fitting_budget": fitting_budget,
         "train_peak": train_peak,
         "engine_weights": engine_weights,
         "kv_cache": kv_cache,
@@ -135,9 +143,15 @@ def plan(cfg: Any, gpu_gib: float = 140.0) -> dict:
     }
     problems = []
     if train_peak > gpu:
+        if not budget:
+            smaller = "lower learner.micro_batch_size"
+        elif fitting_budget >= seq:
+            smaller = f"lower learner.max_tokens_per_micro_batch (at most {fitting_budget:,} fit)"
+        else:
+            smaller = f"shorten the sequences (one {seq}-token sequence alone does not fit)"
         problems.append(
             f"training needs {train_peak / GIB:.1f} GiB per GPU of {gpu_gib:g}: raise learner.tensor_parallel_size or "
-            "pipeline_parallel_size, set learner.distributed_optimizer=true, or lower learner.micro_batch_size"
+            f"pipeline_parallel_size, set learner.distributed_optimizer=true, or {smaller}"
         )
     if gen_peak > gpu:
         problems.append(
@@ -154,6 +168,13 @@ def plan(cfg: Any, gpu_gib: float = 140.0) -> dict:
     return out
 
 
+def _budget_line(res: dict) -> str:
+    fits = f"the largest that fits is {res['fitting_budget']:,}"
+    if not res["budget"]:
+        return f"fixed rows (learner.max_tokens_per_micro_batch=0); {fits}"
+    return f"{res['budget']:,} tokens per micro-batch (learner.max_tokens_per_micro_batch); {fits}"
+
+
 def format_plan(res: dict) -> str:
     g = lambda x: f"{x / GIB:.1f} GiB"  # noqa: E731
     lines = [
@@ -164,7 +185,9 @@ def format_plan(res: dict) -> str:
         f"  gradients      {g(res['grads'])} (fp32 buffer)",
         f"  optimizer      {g(res['optimizer'])} (fp32 master + Adam moments; {g(res['optimizer_without_distopt'])} "
         f"without, {g(res['optimizer_with_distopt'])} with the distributed optimizer)",
-        f"  activations    {g(res['activations'])} (a micro-batch of {res['sequence']}-token sequences, no recompute)",
+        f"  activations    {g(res['activations'])} (a micro-batch of {res['micro_batch_tokens']:,} tokens, "
+        f"sequences up to {res['sequence']}, no recompute)",
+        f"  token budget   {_budget_line(res)}",
         f"  training peak  {g(res['train_peak'])}",
         f"  engine         {g(res['engine_weights'])} weights + {g(max(res['kv_cache'], 0))} KV cache "
         f"(~{res['kv_cache_tokens']:,.0f} tokens)",

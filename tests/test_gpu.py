@@ -30,6 +30,89 @@ def test_learner_on_gpu_matches_the_engine(tiny_model_dir, impl):
     assert worst < 1e-3  # TF32/cuBLAS reductions differ from CPU fp32
 
 
+def _ragged_on(folder, cfg: LearnerConfig):
+    """Log-probs and one RL step's gradients (flattened, fp32) of the ragged batch of the shape tests."""
+    import sys
+    from pathlib import Path
+
+    from pc_megatron.algo import LossConfig
+
+    sys.path.insert(0, str(Path(__file__).parent / "workers"))
+    from parallel_worker import ragged_batch
+
+    batch, adv = ragged_batch()
+    learner = Learner(folder, cfg, seed=0)
+    old = learner.logprobs(batch)
+    learner.train_rl(batch, old, adv, LossConfig(), 1.0)
+    grads = torch.cat([p.main_grad.flatten().float() for p in learner.module.parameters()])
+    return old, grads, batch
+
+
+@pytest.mark.parametrize("impl", ["local", "transformer_engine"])
+def test_packed_micro_batches_on_gpu_equal_the_padded_ones(tmp_path, impl):
+    """A ragged batch (lengths 4-200) as fixed padded rows and as packed THD streams under a token
+    budget: the same log-probs and gradients. Local spec in fp32 (the packed attention of
+    learner/packed_attention.py on CUDA); TE spec in bf16 (TE's THD kernels take half precision)."""
+    from test_model_families import make_hf_model
+
+    if impl == "transformer_engine":
+        pytest.importorskip("transformer_engine")
+    folder = tmp_path / "qwen2"
+    make_hf_model("qwen2-tied", folder)
+    bf16 = impl == "transformer_engine"
+    common = dict(transformer_impl=impl, bf16=bf16, clip_grad=0.0)
+    padded = _ragged_on(
+        folder, LearnerConfig(max_tokens_per_micro_batch=0, micro_batch_size=3, packing=False, **common)
+    )
+    packed = _ragged_on(folder, LearnerConfig(max_tokens_per_micro_batch=256, packing=True, **common))
+    mask = padded[2].loss_mask > 0
+    gap = (padded[0] - packed[0])[mask].abs().max()
+    assert gap < (0.05 if bf16 else 1e-4), gap
+    cos = torch.nn.functional.cosine_similarity(padded[1], packed[1], dim=0)
+    assert cos > (0.99 if bf16 else 0.99999), cos
+
+
+def test_fp8_on_a_ragged_packed_batch(tmp_path):
+    """FP8 GEMMs need each micro-batch's tokens in multiples of 16: the planner pads the packed stream
+    to that alignment; the step runs and agrees with bf16 to FP8 precision."""
+    pytest.importorskip("transformer_engine")
+    from pc_megatron.model.tiny import TinyModelConfig, create_tiny_model
+
+    folder = create_tiny_model(
+        TinyModelConfig(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512),
+        tmp_path / "m",
+    )
+    common = dict(transformer_impl="transformer_engine", bf16=True, max_tokens_per_micro_batch=256, clip_grad=0.0)
+    bf16 = _ragged_on(folder, LearnerConfig(**common))
+    fp8 = _ragged_on(folder, LearnerConfig(fp8="hybrid", **common))
+    mask = bf16[2].loss_mask > 0
+    assert torch.nn.functional.cosine_similarity(bf16[0][mask], fp8[0][mask], dim=0) > 0.99
+    assert torch.nn.functional.cosine_similarity(bf16[1], fp8[1], dim=0) > 0.9
+
+
+def test_sequence_parallel_on_a_ragged_batch(tmp_path):
+    """TP 2 with sequence parallelism (TE, bf16, two GPUs) on the ragged batch, packed and padded:
+    the planner aligns each micro-batch to TP; the loss matches TP 2 without it."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("sequence parallelism needs TP >= 2: two GPUs")
+    pytest.importorskip("transformer_engine")
+    import json
+
+    from test_model_families import make_hf_model
+    from test_parallel import torchrun
+
+    folder = tmp_path / "qwen2"
+    make_hf_model("qwen2-tied", folder)
+    losses = {}
+    for sp in (False, True):
+        extra = {"transformer_impl": "transformer_engine", "bf16": True, "sequence_parallel": sp}
+        torchrun(tmp_path / f"sp{sp}", 2, [2, 1, "shape", folder], env={"PCM_SHAPE_EXTRA": json.dumps(extra)})
+        losses[sp] = {p.stem: torch.load(p)["loss"] for p in (tmp_path / f"sp{sp}").glob("*-rank0.pt")}
+    assert losses[True].keys() == losses[False].keys() and losses[True]
+    for key, loss in losses[False].items():
+        assert abs(losses[True][key] - loss) < 0.02 * max(abs(loss), 1e-3), key
+
+
 def test_bf16_learner_step_on_gpu(tiny_model_dir):
     learner = Learner(tiny_model_dir, LearnerConfig(bf16=True, lr=1e-3), seed=0)
     tokens = torch.randint(2, 23, (4, 8), generator=torch.Generator().manual_seed(0))

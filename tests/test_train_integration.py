@@ -29,10 +29,11 @@ SMALL = [
     "progress=false",
 ]
 TIME_KEYS = ("time_", "weight_sync_s", "weight_sync_gbps")  # wall-clock figures
+RATE_SUFFIX = "_per_s"  # throughputs (learner/train_tokens_per_s): wall-clock figures too
 
 
 def comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(TIME_KEYS)}
+    return {k: v for k, v in row.items() if not k.startswith(TIME_KEYS) and not k.endswith(RATE_SUFFIX)}
 
 
 @pytest.fixture(scope="module")

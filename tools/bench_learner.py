@@ -1,22 +1,183 @@
-"""Learner throughput: RL train-step and log-prob tokens/s for a 1.5B-class random Qwen2 on one GPU, bf16
-and bf16 + FP8 (Transformer Engine), side by side in one process; also the learner side of a
-weight sync (every HF-named tensor gathered: GB/s) and the optimizer state's trip to host memory
-and back (Megatron-Core's offload_to_cpu against the learner's pinned buffers).
+"""Learner throughput.
+
+Dense (GPU): RL train-step and log-prob tokens/s for a 1.5B-class random Qwen2, bf16 and bf16 + FP8
+(Transformer Engine), side by side in one process; also the learner side of a weight sync (every
+HF-named tensor gathered: GB/s) and the optimizer state's trip to host memory and back
+(Megatron-Core's offload_to_cpu against the learner's pinned buffers).
 
     python tools/bench_learner.py [--fp8-recipe delayed] [--seq 1024] [--batch 8] [--steps 5] [--impl local]
     python tools/bench_learner.py --small      # CPU smoke test of the script itself
 
+Ragged (CPU or GPU): a batch of log-normal lengths through each micro-batch layout, every layout in
+a fresh process (its own peak memory), the layouts taking turns round after round so that a drift
+of the machine hits them alike; times per pass, tokens/s and ratios to ``equal`` (the same tokens as
+equal-length rows), paired by round:
+
+    python tools/bench_learner.py --ragged [--shape smollm2] [--rows 48] [--mu 4.3 --sigma 0.9]
+        [--min-len 12 --max-len 768] [--budget 4096] [--rounds 3] [--out ragged.json]
+
+Layouts: ``padded`` (fixed rows, one micro-batch padded to the longest row: the learner before token
+budgets), ``budget`` (token-budget micro-batches, padded), ``packed`` (token-budget, THD streams),
+``equal`` (rows of the mean length, one micro-batch: what the tokens cost without raggedness).
+Lengths: ``clamp(exp(N(mu, sigma)), min, max)`` from a fixed seed, the longest row set to ``max``.
+
 Qwen2.5-1.5B shapes: hidden 1536, 28 layers, 12 heads, 2 kv heads, FFN 8960, vocab 151936.
+SmolLM2-135M (Llama): hidden 576, 30 layers, 9 heads, 3 kv heads, FFN 1536, vocab 49152, tied.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+SHAPES = {
+    "smollm2": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    intermediate_size=1536, vocab_size=49152),
+    "llama4x256": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=768, vocab_size=32000),
+}  # fmt: skip
+LAYOUTS = {
+    "padded": lambda budget, rows: dict(max_tokens_per_micro_batch=0, micro_batch_size=rows, packing=False),
+    "budget": lambda budget, rows: dict(max_tokens_per_micro_batch=budget, packing=False),
+    "packed": lambda budget, rows: dict(max_tokens_per_micro_batch=budget, packing=True),
+    "equal": lambda budget, rows: dict(max_tokens_per_micro_batch=0, micro_batch_size=rows, packing=False),
+}
+
+
+def ragged_lengths(rows: int, mu: float, sigma: float, lo: int, hi: int) -> list[int]:
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.exp(torch.randn(rows, generator=g) * sigma + mu).round().clamp(lo, hi).long().tolist()
+    lengths[0] = hi  # one long tail, always
+    return lengths
+
+
+def ragged_child(args) -> dict:
+    """One layout in this process: a warm-up, then ``--steps`` log-prob passes and RL steps."""
+    import resource
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from pc_megatron.algo import LossConfig
+    from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
+
+    torch.set_num_threads(args.threads)
+    folder = Path(args.workdir) / args.shape
+    if not (folder / "config.json").is_file():
+        torch.manual_seed(0)
+        cfg = LlamaConfig(**SHAPES[args.shape], max_position_embeddings=4096, tie_word_embeddings=True)
+        AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+    lengths = ragged_lengths(args.rows, args.mu, args.sigma, args.min_len, args.max_len)
+    if args.child == "equal":
+        mean = round(sum(lengths) / len(lengths))
+        lengths = [mean] * len(lengths)
+    gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    learner = Learner(folder, LearnerConfig(lr=1e-6, bf16=gpu, **LAYOUTS[args.child](args.budget, args.rows)), seed=0)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros(len(lengths), max(lengths) - 1)
+    for i, n in enumerate(lengths):
+        tokens[i, :n] = torch.randint(0, SHAPES[args.shape]["vocab_size"], (n,), generator=g)
+        mask[i, n // 4 : n - 1] = 1  # a prompt, then the trained response
+    batch = TokenBatch(tokens, mask)
+    adv = torch.linspace(-1, 1, len(lengths))
+    old = learner.logprobs(batch)
+    learner.train_rl(batch, old, adv, LossConfig(), 1.0)  # warm-up
+    learner.take_pass_stats()
+    sync()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        learner.logprobs(batch)
+    sync()
+    logprob_s = (time.perf_counter() - t0) / args.steps
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        learner.train_rl(batch, old, adv, LossConfig(), 1.0)
+    sync()
+    train_s = (time.perf_counter() - t0) / args.steps
+    passes = learner.take_pass_stats()["train"]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    return {
+        "layout": args.child,
+        "tokens": sum(lengths),
+        "processed": passes["processed"] / passes["passes"],
+        "micro_batches": passes["micro_batches"] / passes["passes"],
+        "logprob_s": logprob_s,
+        "train_s": train_s,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else rss,
+        "peak_rise_gib": float("nan") if gpu else rss - rss0 / 2**20,
+    }
+
+
+def ragged(args) -> None:
+    import subprocess
+    import sys
+    import tempfile
+
+    lengths = ragged_lengths(args.rows, args.mu, args.sigma, args.min_len, args.max_len)
+    print(
+        f"{args.shape}: {args.rows} rows, lengths {min(lengths)}-{max(lengths)} "
+        f"(mean {sum(lengths) / len(lengths):.0f}, "
+        f"log-normal mu {args.mu} sigma {args.sigma}), budget {args.budget} tokens, {args.rounds} rounds of "
+        f"{args.steps} passes, {args.threads} threads",
+        flush=True,
+    )
+    layouts = args.layouts.split(",")
+    rounds: list[dict[str, dict]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = args.workdir or tmp
+        for r in range(args.rounds):
+            row = {}
+            for layout in layouts:
+                cmd = [sys.executable, __file__, "--child", layout, "--workdir", workdir, *sys.argv[1:]]
+                out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if out.returncode:
+                    raise SystemExit(f"{layout}: {out.stderr[-3000:]}")
+                row[layout] = json.loads(out.stdout.strip().splitlines()[-1])
+                res = row[layout]
+                print(
+                    f"round {r} {layout:7s} logprob {res['logprob_s']:.3f} s  train {res['train_s']:.3f} s  "
+                    f"processed {res['processed']:,.0f} / {res['tokens']:,} tokens",
+                    flush=True,
+                )
+            rounds.append(row)
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print("\n| layout | processed / real | micro-batches | log-prob s | train s | log-prob tok/s | train tok/s | "
+          "log-prob x equal | train x equal | peak GiB |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    summary = {}
+    for layout in layouts:
+        runs = [row[layout] for row in rounds]
+        x = {
+            k: med([r[k] / row["equal"][k] for r, row in zip(runs, rounds, strict=True)]) if "equal" in layouts else 0
+            for k in ("logprob_s", "train_s")
+        }
+        lp, tr = med([r["logprob_s"] for r in runs]), med([r["train_s"] for r in runs])
+        summary[layout] = {
+            "logprob_s": lp,
+            "train_s": tr,
+            "logprob_x_equal": x["logprob_s"],
+            "train_x_equal": x["train_s"],
+            **{k: runs[0][k] for k in ("tokens", "processed", "micro_batches")},
+            "peak_gib": max(r["peak_gib"] for r in runs),
+        }
+        tok = runs[0]["tokens"]
+        print(
+            f"| {layout} | {runs[0]['processed'] / tok:.2f} | {runs[0]['micro_batches']:.0f} | {lp:.3f} | {tr:.3f} | "
+            f"{tok / lp:,.0f} | {tok / tr:,.0f} | {x['logprob_s']:.2f} | {x['train_s']:.2f} | "
+            f"{summary[layout]['peak_gib']:.2f} |"
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "lengths": lengths, "summary": summary,
+                                              "rounds": rounds}, indent=2))  # fmt: skip
 
 
 def write_random_qwen2(folder: Path, small: bool) -> None:
@@ -101,7 +262,6 @@ def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, i
 
 def main() -> None:
     import importlib.util
-    import json
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--fp8-recipe", default="delayed")
@@ -111,7 +271,26 @@ def main() -> None:
     ap.add_argument("--impl", default="auto", help="learner.transformer_impl: auto, local, transformer_engine")
     ap.add_argument("--small", action="store_true", help="tiny shapes, CPU: checks the script runs")
     ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--ragged", action="store_true", help="the micro-batch layouts on a ragged batch")
+    ap.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
+    ap.add_argument("--rows", type=int, default=48)
+    ap.add_argument("--mu", type=float, default=4.3)
+    ap.add_argument("--sigma", type=float, default=0.9)
+    ap.add_argument("--min-len", type=int, default=12)
+    ap.add_argument("--max-len", type=int, default=768)
+    ap.add_argument("--budget", type=int, default=4096, help="learner.max_tokens_per_micro_batch of budget/packed")
+    ap.add_argument("--layouts", default="padded,budget,packed,equal")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workdir", default="")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        print(json.dumps(ragged_child(args)))
+        return
+    if args.ragged:
+        ragged(args)
+        return
     if not args.small and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --small for a CPU smoke test)")
     te = importlib.util.find_spec("transformer_engine") is not None

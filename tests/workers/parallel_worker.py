@@ -12,6 +12,7 @@ remaining ranks):
 
 Rank 0 saves the results to OUT/NAME.pt."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -59,8 +60,9 @@ def shape_check(folder: str, out: Path, tp: int, pp: int) -> None:
 
     name, rank = Path(folder).name, int(os.environ.get("RANK", 0))
     batch, adv = ragged_batch()
+    extra = json.loads(os.environ.get("PCM_SHAPE_EXTRA", "{}"))  # GPU runs: TE spec, bf16, sequence parallel
     for layout, kw in SHAPES.items():
-        cfg = LearnerConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp, clip_grad=0.0, **kw)
+        cfg = LearnerConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp, clip_grad=0.0, **kw, **extra)
         learner = Learner(folder, cfg, seed=0)
         old = learner.logprobs(batch)
         stats = learner.train_rl(batch, old, adv, LossConfig(), 1.0)
