@@ -9,8 +9,10 @@ each segment of the stream. It lets the CPU learner run the same packed micro-ba
 (TE) learner, so the packing bookkeeping (stream layout, ``cu_seqlens``, per-row unpacking) is
 tested here against the unpacked logits.
 
-One ``scaled_dot_product_attention`` call per segment: attention costs the sum of the squared
-lengths, as TE's varlen kernels do, not the square of the stream.
+Segments of similar length share one batched ``scaled_dot_product_attention`` call (sorted by
+length, a group's longest at most twice its shortest, padded within the group and masked): attention
+costs about the sum of the squared lengths, as TE's varlen kernels do, not the square of the stream,
+and a stream of hundreds of short rows takes a handful of calls rather than one per row.
 """
 
 from __future__ import annotations
@@ -44,14 +46,42 @@ class PackedDotProductAttention(DotProductAttention):
         if cu is None:
             cu = packed_seq_params.cu_seqlens_q
         bounds = cu.tolist()
+        t = query.shape[0]
         # (t, heads, dim) -> (heads, t, dim): SDPA attends over the second-to-last dimension
         q, k, v = (x.transpose(0, 1) for x in (query, key, value))
-        parts = [
-            F.scaled_dot_product_attention(
-                q[:, s:e], k[:, s:e], v[:, s:e], is_causal=True, scale=self.softmax_scale, enable_gqa=True
+        out = torch.zeros_like(q)
+        for starts, lengths in _length_groups(bounds):
+            longest = max(lengths)
+            offs = torch.arange(longest, device=q.device)
+            start = torch.tensor(starts, device=q.device)
+            n = torch.tensor(lengths, device=q.device)
+            valid = offs[None, :] < n[:, None]  # (g, L)
+            index = torch.where(
+                valid, start[:, None] + offs[None, :], torch.zeros((), dtype=torch.long, device=q.device)
             )
-            for s, e in itertools.pairwise(bounds)
-            if e > s
-        ]
-        out = torch.cat(parts, dim=1).transpose(0, 1)  # (t, heads, dim)
-        return out.reshape(out.shape[0], -1)
+            flat = index.reshape(-1)
+            # (heads, g*L, dim) -> (g, heads, L, dim)
+            qg, kg, vg = (x[:, flat].view(x.shape[0], len(lengths), longest, -1).transpose(0, 1) for x in (q, k, v))
+            mask = torch.ones(longest, longest, dtype=torch.bool, device=q.device).tril()[None] & valid[:, None, :]
+            attn = F.scaled_dot_product_attention(
+                qg, kg, vg, attn_mask=mask[:, None], scale=self.softmax_scale, enable_gqa=True
+            )  # (g, heads, L, dim)
+            keep = valid.reshape(-1)
+            rows = attn.transpose(0, 1).reshape(q.shape[0], -1, q.shape[-1])[:, keep]  # (heads, real, dim)
+            out = out.index_copy(1, flat[keep], rows)
+        out = out.transpose(0, 1)  # (t, heads, dim)
+        return out.reshape(t, -1)
+
+
+def _length_groups(bounds: list[int], ratio: float = 2.0) -> list[tuple[list[int], list[int]]]:
+    """Segments ``[bounds[i], bounds[i+1])`` grouped by length, shortest first, a group's longest at
+    most ``ratio`` times its shortest: ``[(starts, lengths), ...]`` (empty segments left out)."""
+    segs = sorted((e - s, s) for s, e in itertools.pairwise(bounds) if e > s)
+    groups: list[tuple[list[int], list[int]]] = []
+    for length, start in segs:
+        if groups and length <= ratio * groups[-1][1][0]:
+            groups[-1][0].append(start)
+            groups[-1][1].append(length)
+        else:
+            groups.append(([start], [length]))
+    return groups
