@@ -33,6 +33,7 @@ from typing import Any
 
 from pc_megatron.errors import ConfigError
 from pc_megatron.model.arch import ArchSpec, arch_from_file, load_arch
+from pc_megatron.weight_sync.routes import Slot, layout_slots, plan_routes
 
 CARDS = Path(__file__).resolve().parent / "assets" / "arch"
 GIB = 2**30
@@ -66,7 +67,39 @@ def param_counts(a: ArchSpec) -> dict[str, int]:
     return {"embedding": embedding, "per_layer": layer, "lm_head": lm_head, "total": total}
 
 
-def plan(cfg: Any, gpu_gib: float = 140.0) -> dict:
+def placement(cfg: Any, gpus_per_node: int) -> tuple[list[str], list]:
+    """Where each learner rank and engine worker goes (``runtime=ray`` on nodes of
+    ``ray.bundles_per_node`` or ``gpus_per_node`` GPUs; one process with ``runtime=local``) and each
+    worker's weight route: (lines to print, routes). A layout without a valid route raises."""
+    lc, rc = cfg.learner, cfg.rollout
+    world = lc.tensor_parallel_size * lc.pipeline_parallel_size * lc.data_parallel_size
+    tp = rc.vllm.tensor_parallel_size if rc.backend == "vllm" else 1
+    if cfg.runtime == "local":
+        learner, engines = [Slot("local", 0)], [[Slot("local", 0)]]
+    else:
+        groups = 2 if cfg.algo.loss.kl_coef > 0 else 1
+        per_node = cfg.ray.bundles_per_node or gpus_per_node
+        learner, engines = layout_slots(world, rc.replicas, tp, cfg.ray.placement, per_node, groups)
+    routes = plan_routes(
+        learner,
+        engines,
+        on_gpu=True,
+        placement=cfg.ray.placement,
+        transport=rc.weight_sync.transport,
+        runtime=cfg.runtime,
+        engine=rc.backend,
+    )
+    nodes = sorted({s.node for s in learner} | {s.node for r in engines for s in r})
+    lines = [
+        f"{cfg.runtime} runtime, {cfg.ray.placement if cfg.runtime == 'ray' else 'one process'}: "
+        f"{len(nodes)} node(s); learner ranks 0-{world - 1} on bundles {learner[0].index}-{learner[-1].index}; "
+        f"{len(engines)} engine replica(s) of {tp} GPU(s)"
+    ]
+    lines += [r.describe() for r in routes]
+    return lines, routes
+
+
+def plan(cfg: Any, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict:
     """The figures ``pc-megatron plan`` prints (bytes are per GPU)."""
     a, source = model_arch(cfg)
     lc, rc, v = cfg.learner, cfg.rollout, cfg.rollout.vllm
@@ -164,6 +197,11 @@ def plan(cfg: Any, gpu_gib: float = 140.0) -> dict:
             f"the engine's KV cache ({max(kv_cache, 0) / GIB:.1f} GiB) holds less than one {seq}-token sequence: raise "
             "rollout.vllm.gpu_memory_utilization or rollout.vllm.tensor_parallel_size"
         )
+    try:
+        out["placement"], out["routes"] = placement(cfg, gpus_per_node)
+    except ConfigError as e:
+        out["placement"], out["routes"] = [], []
+        problems.append(f"no weight route: {e}")
     out["problems"] = problems
     return out
 
@@ -195,6 +233,8 @@ def format_plan(res: dict) -> str:
         f"  peak           {g(res['peak'])} of {g(res['gpu'])}",
         f"per step         {res['rollouts_per_step']}; <= {res['trained_tokens_per_step']:,} trained tokens",
     ]
+    if res["placement"]:
+        lines += ["", "placement and weight routes", *(f"  {line}" for line in res["placement"])]
     if res["problems"]:
         lines += ["", "DOES NOT FIT:", *(f"- {p}" for p in res["problems"])]
     else:

@@ -129,25 +129,16 @@ def test_an_engine_call_past_its_deadline_is_one_clear_error(cache_dir, tmp_path
     assert not ray.is_initialized()  # a failed start leaves no Ray instance behind
 
 
-def test_the_weight_sync_transport_choice():
+def test_broadcast_needs_runtime_ray_and_split_engines_never_sleep():
     from pc_megatron.errors import ConfigError
-    from pc_megatron.runtime.ray_runtime import choose_transport
+    from pc_megatron.rollout.base import RolloutConfig, VllmConfig
+    from pc_megatron.runtime.ray_runtime import engine_config
 
-    assert choose_transport("auto", on_gpu=True, placement="split", same_node=True) == "broadcast"
-    assert choose_transport("auto", on_gpu=True, placement="split", same_node=False) == "broadcast"
-    assert choose_transport("auto", on_gpu=True, placement="colocated", same_node=True) == "cuda_ipc"
-    assert choose_transport("auto", on_gpu=False, placement="split", same_node=True) == "shm"
-    assert choose_transport("auto", on_gpu=False, placement="colocated", same_node=False) == "bytes"
-    assert choose_transport("broadcast", on_gpu=False, placement="colocated", same_node=True) == "broadcast"
-    with pytest.raises(ConfigError, match="ray.placement=split"):  # NCCL: one process per GPU
-        choose_transport("broadcast", on_gpu=True, placement="colocated", same_node=True)
     with pytest.raises(ConfigError, match="needs runtime=ray"):  # runtime=local: nothing to broadcast to
         load_config("tiny", ["rollout.weight_sync.transport=broadcast"])
-    # GPU engines of several workers (vLLM's Ray workers) take broadcast only
-    assert choose_transport("auto", on_gpu=True, placement="split", same_node=True, engine_tp=2) == "broadcast"
-    with pytest.raises(ConfigError, match="tensor_parallel_size=2 on GPU take their weights by broadcast"):
-        choose_transport("auto", on_gpu=True, placement="colocated", same_node=True, engine_tp=2)
-    assert choose_transport("auto", on_gpu=False, placement="colocated", same_node=True, engine_tp=2) == "shm"
+    rc = RolloutConfig(backend="vllm", vllm=VllmConfig(sleep_level=2))
+    assert engine_config(rc, "split").vllm.sleep_level == 0  # on GPUs of their own: nothing to make room for
+    assert engine_config(rc, "colocated").vllm.sleep_level == 2 and rc.vllm.sleep_level == 2
 
 
 def test_an_engine_replica_never_spans_nodes():

@@ -256,12 +256,17 @@ class Learner:
 
     # ----------------------------------------------------------------- colocation
     def offload(self) -> None:
-        """With ``offload_during_rollout`` on a GPU: optimizer state (and fp32 main weights) to
-        host memory, gradient buffers freed, so the engine can use the memory while it generates."""
-        if self.cfg.offload_during_rollout and self.device.type == "cuda" and not self._offloaded:
+        """Before the engine generates, on a GPU: the training peak's cached blocks go back to the
+        driver (the engine's KV cache maps fresh memory when it wakes), and with
+        ``offload_during_rollout`` the optimizer state (and fp32 main weights) moves to host memory
+        and the gradient buffers are freed too."""
+        if self.device.type != "cuda":
+            return
+        if self.cfg.offload_during_rollout and not self._offloaded:
             self.model.offload_grad_buffers()
             self._host.offload(self.optimizer, self.model.parameters())
             self._offloaded = True
+        torch.cuda.empty_cache()
 
     def onload(self) -> None:
         """Undo ``offload``; the update, ``save`` and ``load`` call it first (gradient buffers

@@ -114,11 +114,17 @@ class WeightSyncConfig:
     bucket_mb: int = 512
     """Bucket size: tensors are packed into one buffer of this size per transfer."""
     transport: str = "auto"
-    """'auto' (cuda_ipc on GPU and shm on CPU for engines on the learner's node, bytes through
-    Ray's object store for other nodes; under runtime=ray on GPU with ray.placement=split,
-    broadcast), 'cuda_ipc', 'shm', 'bytes', 'broadcast' (runtime=ray only: one NCCL (GPU) or
-    gloo (CPU) broadcast per bucket from the learner's rank 0 into every engine process, for
-    engines on other GPUs or nodes; on GPU it needs ray.placement=split)."""
+    """'auto' (colocated: each engine worker from the learner rank on its own GPU by cuda_ipc, or
+    on CPU by shm; split: from rank 0, by broadcast on GPU and on CPU by shm on its node, bytes
+    through Ray's object store elsewhere; `pc-megatron plan` prints the routes), 'cuda_ipc',
+    'shm', 'bytes', 'broadcast' (runtime=ray only: one NCCL (GPU) or gloo (CPU) broadcast per
+    bucket from the learner's rank 0 into every engine process; on GPU it needs
+    ray.placement=split)."""
+
+    verify: bool = False
+    """Check every bucket on arrival: the sender sends a checksum of its bytes, the receiver
+    compares it with its copies (a buffer refilled before the copy-out finished would show). Costs
+    a pass over the weights on each side; for debugging a transport."""
 
     TRANSPORTS = ("auto", "cuda_ipc", "shm", "bytes", "broadcast")
 

@@ -11,9 +11,11 @@ Log-probs are vLLM's ``processed_logprobs``: the distribution after temperature 
 top-p truncation when top_p < 1, where the hf engine reports the untruncated one).
 
 Colocation: on GPU with ``rollout.vllm.sleep_level`` > 0 the engine sleeps while the learner
-trains (KV cache freed; weights offloaded at level 1, discarded at level 2) and a sync wakes
-the weights first, loads them, then wakes the KV cache and clears the prefix cache. vLLM's CPU
-backend has no sleep mode: there ``sleep`` does nothing and the engine keeps its memory.
+trains (KV cache freed; weights offloaded at level 1, discarded at level 2); a sync wakes the
+weights and loads them; the KV cache wakes (and the prefix cache is cleared) at the next
+``generate``, after the learner has released its training memory. vLLM's CPU backend has no
+sleep mode: there ``sleep`` does nothing and the engine keeps its memory. Engines on GPUs of their
+own (``ray.placement=split``) never sleep.
 """
 
 from __future__ import annotations
@@ -143,9 +145,14 @@ class VllmEngine:
         )
         # broadcast: the workers receive from a learner in another process (runtime=ray) that
         # drives the sync; this engine's own update_weights has nothing to send with
-        self.sender = None if transport == "broadcast" else make_sender(transport, cfg.weight_sync.bucket_mb << 20)
+        sync = cfg.weight_sync
+        if transport == "broadcast":
+            self.sender = None
+        else:
+            self.sender = make_sender(transport, sync.bucket_mb << 20, verify=sync.verify)
         self.weight_version = 0
         self._asleep = False
+        self._stale_prefix = False
 
     # ------------------------------------------------------------------ control
     def _rpc(self, method: str, *args):
@@ -172,10 +179,17 @@ class VllmEngine:
             self._asleep = True
 
     def _wake(self, tags: list[str] | None = None) -> None:
+        """Wake ``tags`` (None: everything). The KV cache wakes only when the engine is about to
+        generate: by then the learner has released its training memory (``Learner.offload``), which
+        a wake at the end of the sync would compete with. A prefix cache from before a sync is
+        cleared once the cache is back."""
         if self._asleep:
             with phase_range("engine_wake"):
                 self.llm.wake_up(tags)
             self._asleep = tags is not None and "kv_cache" not in tags
+        if not self._asleep and self._stale_prefix:
+            self.llm.reset_prefix_cache()
+            self._stale_prefix = False
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
@@ -205,8 +219,7 @@ class VllmEngine:
         try:
             served = self._rpc("pcm_end_sync", version, sent)
         finally:
-            self._wake(["kv_cache"])
-            self.llm.reset_prefix_cache()
+            self._stale_prefix = True  # cleared at the next generate, with the KV cache awake (``_wake``)
         if served is not None:
             self.weight_version = served
         return served

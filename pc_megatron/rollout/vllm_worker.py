@@ -12,6 +12,11 @@ processing, which rebuilds that copy from the updated weight (idempotent; nothin
 
 While a sync is open or after one failed, the version is ``None``: the driver refuses to
 generate from a half-updated model.
+
+The model is reached the way vLLM reaches it, ``Worker.get_model()``: on the GPU model runner
+(V1) ``model_runner.model`` becomes a CUDA-graph wrapper when graphs are captured, and
+``get_model`` unwraps it; Model Runner V2 (vLLM 0.32's GPU default) and the CPU runner return it as
+is.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ class WeightSyncExtension:
         from pc_megatron.weight_sync.transport import BucketReceiver
 
         if self._pcm_receiver is None:
-            self._pcm_receiver = BucketReceiver(self.device)
+            self._pcm_receiver = BucketReceiver(self.device, worker=self.rank)  # routed: this worker's handle
             logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietExpected())
         return self._pcm_receiver
 
@@ -60,7 +65,7 @@ class WeightSyncExtension:
         self._pcm_received = 0
         self._pcm_bucket_receiver()
         with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(self.model_runner.model)
+            initialize_layerwise_reload(self.get_model())
 
     def pcm_load_bucket(self, handle: dict) -> int:
         """Load one bucket; returns the number of tensors taken."""
@@ -68,7 +73,7 @@ class WeightSyncExtension:
 
         tensors = self._pcm_receiver.open(handle)
         with set_current_vllm_config(self.vllm_config):
-            self.model_runner.model.load_weights(iter(tensors))
+            self.get_model().load_weights(iter(tensors))
         self._pcm_received += len(tensors)
         return len(tensors)
 
@@ -78,7 +83,7 @@ class WeightSyncExtension:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
-        model = self.model_runner.model
+        model = self.get_model()
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(model, self.vllm_config.model_config)
             for module in model.modules():

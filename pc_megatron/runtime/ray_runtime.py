@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 
 from pc_megatron.errors import ConfigError, TrainingError, UserError
 from pc_megatron.rollout.base import Completion, SamplingParams
+from pc_megatron.weight_sync.routes import Slot, describe_routes, plan_routes
 
 
 @dataclass
@@ -150,6 +151,7 @@ class LearnerWorker:
         torch.set_num_threads(threads)
         self.learner = None
         self._group: tuple[list, Any] | None = None  # rank 0: (engines, BroadcastGroup) of the broadcast transport
+        self._senders: dict[str, Any] | None = None  # this rank's senders of routed syncs, by transport
 
     def address(self) -> tuple[str, int]:
         return _node_ip(), _free_port()
@@ -174,22 +176,48 @@ class LearnerWorker:
     def version(self) -> int:
         return self.learner.version
 
-    def push_weights(self, engines: list, manifest: Any, transport: str, bucket_bytes: int, timeout_s: float) -> Any:
-        """Every rank walks the export (collectives); rank 0 streams it into the engines."""
+    def push_weights(
+        self, engines: list, manifest: Any, routes: list, bucket_bytes: int, verify: bool, timeout_s: float
+    ) -> Any:
+        """The learner's weights into every engine worker along ``routes`` (``weight_sync.routes``).
+        Every rank walks the export (collectives). Broadcast: rank 0 sends to every engine process.
+        Otherwise each rank packs for the workers it routes to (its colocated ones) and rank 0
+        drives the engines with each worker's own handle (``weight_sync.routed``)."""
         named = self.learner.hf_named_tensors()
-        if self.rank != 0:
-            for _ in named:
-                pass
-            return None
-        from pc_megatron.weight_sync.transport import make_sender, push_weights
+        if routes[0].transport == "broadcast":
+            if self.rank != 0:
+                for _ in named:
+                    pass
+                return None
+            from pc_megatron.weight_sync.transport import make_sender, push_weights
 
-        group = self._broadcast_group(engines, timeout_s) if transport == "broadcast" else None
-        sender = make_sender(transport, bucket_bytes, group)
-        try:
-            targets = [_RemoteEngine(e, i, timeout_s) for i, e in enumerate(engines)]
-            return push_weights(named, manifest, sender, targets, self.learner.version)
-        finally:
+            group = self._broadcast_group(engines, timeout_s)
+            sender = make_sender("broadcast", bucket_bytes, group, verify)
+            try:
+                targets = [_RemoteEngine(e, i, timeout_s) for i, e in enumerate(engines)]
+                return push_weights(named, manifest, sender, targets, self.learner.version)
+            finally:
+                sender.close()
+        from pc_megatron.weight_sync.routed import WorldExchange, push_routed
+        from pc_megatron.weight_sync.transport import make_sender
+
+        mine = {i: r.transport for i, r in enumerate(routes) if r.sender == self.rank}
+        if self._senders is None:  # kept across syncs: the buffers (and CUDA IPC handles) are reused
+            self._senders = {kind: make_sender(kind, bucket_bytes, verify=verify) for kind in set(mine.values())}
+        targets = []
+        if self.rank == 0:
+            workers: dict[int, list[int]] = {}
+            for i, r in enumerate(routes):
+                workers.setdefault(r.replica, []).append(i)
+            targets = [(_RemoteEngine(e, k, timeout_s), workers[k]) for k, e in enumerate(engines)]
+        return push_routed(
+            named, manifest, bucket_bytes, self._senders, mine, targets, self.learner.version, WorldExchange()
+        )
+
+    def close_senders(self) -> None:
+        for sender in (self._senders or {}).values():
             sender.close()
+        self._senders = None
 
     def _broadcast_group(self, engines: list, timeout_s: float) -> Any:
         """Rank 0's broadcast group with every engine process, built on the first sync and kept
@@ -451,14 +479,20 @@ class RayLearnerGroup:
     def offload(self) -> None:
         self._call("offload")
 
-    def push_weights(self, fleet: RayRolloutFleet, transport: str, bucket_bytes: int) -> dict[str, float]:
+    def push_weights(self, fleet: RayRolloutFleet, routes: list, bucket_bytes: int, verify: bool) -> dict[str, float]:
         refs = [
-            w.push_weights.remote(fleet.engines, fleet.manifest, transport, bucket_bytes, fleet.timeout_s)
+            w.push_weights.remote(fleet.engines, fleet.manifest, routes, bucket_bytes, verify, fleet.timeout_s)
             for w in self.workers
         ]
         stats = self._all(refs)[0]
         fleet.weight_version = self.version
         return stats
+
+    def close(self) -> None:
+        """Free every rank's sync buffers (shared-memory files, CUDA IPC buffers)."""
+        import ray
+
+        ray.get([w.close_senders.remote() for w in self.workers], timeout=60)
 
 
 def split_by_samples(counts: list[int], parts: int) -> list[tuple[int, int]]:
@@ -520,30 +554,6 @@ class RayRolloutFleet:
         ray.get([e.close.remote() for e in self.engines], timeout=60)
 
 
-def choose_transport(transport: str, on_gpu: bool, placement: str, same_node: bool, engine_tp: int = 1) -> str:
-    """The weight-sync transport of a runtime=ray run: ``auto`` is broadcast (NCCL) for engines
-    on GPUs of their own (split), else CUDA IPC on GPU or shared memory on CPU for engines on
-    rank 0's node, and bytes through Ray's object store for other nodes. GPU engines of
-    ``engine_tp`` > 1 workers take broadcast only: their workers (vLLM's Ray workers) see the
-    node's GPUs by physical index, and a CUDA IPC handle names the learner's device by the index
-    Ray showed the learner, which need not be the same GPU."""
-    if transport == "auto":
-        if on_gpu and placement == "split":
-            return "broadcast"
-        transport = ("cuda_ipc" if on_gpu else "shm") if same_node else "bytes"
-    if on_gpu and engine_tp > 1 and transport != "broadcast":
-        raise ConfigError(
-            f"engine replicas of rollout.vllm.tensor_parallel_size={engine_tp} on GPU take their weights by broadcast: "
-            "set ray.placement=split (rollout.weight_sync.transport=auto then picks it)"
-        )
-    if transport == "broadcast" and on_gpu and placement == "colocated":
-        raise ConfigError(
-            "rollout.weight_sync.transport=broadcast on GPU needs ray.placement=split: NCCL takes one "
-            "process per GPU, and colocated engines share the learner's GPUs (use auto or cuda_ipc)"
-        )
-    return transport
-
-
 class RayRuntime:
     def __init__(self, cfg: Any, policy_dir: Path, run_dir: Path) -> None:
         import ray
@@ -585,14 +595,20 @@ class RayRuntime:
             ]
             return RayLearnerGroup(workers, [b.node for b in bundles], policy_dir, lc, cfg.seed, rcfg.call_timeout_s)
 
-        self.learner = learner_group(0)
-        self.ref_learner = learner_group(world) if groups == 2 else None
         first_engine = 0 if colocated else world * groups
         replica_bundles = replica_slices(self.bundles[first_engine:], replicas, tp)
-        same_node = {b.node for r in replica_bundles for b in r} == {self.bundles[0].node}
-        transport = choose_transport(rc.weight_sync.transport, on_gpu, rcfg.placement, same_node, tp)
-        rc.weight_sync.transport = transport  # the engines build the matching receiver (and no sender of their own)
-        self.transport, self.bucket_bytes = transport, rc.weight_sync.bucket_mb << 20
+        slot = {id(b): Slot(b.node, i) for i, b in enumerate(self.bundles)}
+        self.routes = plan_routes(
+            [slot[id(b)] for b in self.bundles[:world]],
+            [[slot[id(b)] for b in r] for r in replica_bundles],
+            on_gpu=on_gpu,
+            placement=rcfg.placement,
+            transport=rc.weight_sync.transport,
+        )  # before any actor starts: a layout without routes fails here
+        self.bucket_bytes, self.verify = rc.weight_sync.bucket_mb << 20, rc.weight_sync.verify
+        rc = engine_config(rc, rcfg.placement)
+        self.learner = learner_group(0)
+        self.ref_learner = learner_group(world) if groups == 2 else None
         engines = []
         for bundles in replica_bundles:
             head = bundles[0]
@@ -612,18 +628,30 @@ class RayRuntime:
             "reference_learner": self.ref_learner.nodes if self.ref_learner else [],
             "engines": self.fleet.nodes,
             "placement": rcfg.placement,
-            "weight_sync_transport": transport,
+            "weight_sync_routes": describe_routes(self.routes),
         }
         (run_dir / "placement.json").write_text(json.dumps(placement, indent=2))
 
     def sync_weights(self) -> dict[str, float]:
-        return self.learner.push_weights(self.fleet, self.transport, self.bucket_bytes)
+        return self.learner.push_weights(self.fleet, self.routes, self.bucket_bytes, self.verify)
 
     def close(self) -> None:
         import ray
 
-        try:
-            self.fleet.close()
-        except Exception:  # the run is ending (often because an actor died): free what is left
-            pass
+        for part in (self.fleet, self.learner):
+            try:
+                part.close()
+            except Exception:  # the run is ending (often because an actor died): free what is left
+                pass
         ray.shutdown()
+
+
+def engine_config(rc: Any, placement: str) -> Any:
+    """The rollout config the engine replicas are built with: engines on GPUs of their own
+    (``split``) never sleep (nothing shares their memory), so ``sleep_level`` is 0 there."""
+    import copy
+
+    out = copy.deepcopy(rc)
+    if placement == "split":
+        out.vllm.sleep_level = 0
+    return out

@@ -98,16 +98,46 @@ def _pack(buffer: torch.Tensor, tensors: list[tuple[str, torch.Tensor]], metas: 
         buffer[m.offset : m.offset + m.nbytes].copy_(t.contiguous().view(-1).view(torch.uint8))
 
 
-def _unpack(buffer: torch.Tensor, metas: list[TensorMeta]) -> list[tuple[str, torch.Tensor]]:
-    """Copies of the tensors in ``buffer`` (the sender reuses the buffer for the next bucket)."""
+def _unpack(buffer: torch.Tensor, metas: list[TensorMeta], copy: bool = True) -> list[tuple[str, torch.Tensor]]:
+    """Copies of the tensors in ``buffer`` (the sender reuses the buffer for the next bucket);
+    ``copy=False`` gives views of it (tests: what a receiver that defers its copy would read)."""
     out = []
     for m in metas:
-        raw = buffer[m.offset : m.offset + m.nbytes]
-        out.append((m.name, raw.view(getattr(torch, m.dtype)).view(m.shape).clone()))
+        raw = buffer[m.offset : m.offset + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape)
+        out.append((m.name, raw.clone() if copy else raw))
     return out
 
 
-class SharedMemorySender:
+_CHUNK = 1 << 26  # bytes per step of a checksum (bounds its int64 working memory)
+
+
+def checksum(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[int]:
+    """The sum and the sum of squares of every byte of ``tensors``, exactly (int64 on the tensors'
+    device, one sync at the end). A bucket overwritten by the next one before the receiver copied
+    it out changes both almost surely."""
+    total = None
+    for _, t in tensors:
+        raw = t.detach().contiguous().view(-1).view(torch.uint8)
+        for i in range(0, raw.numel(), _CHUNK):
+            b = raw[i : i + _CHUNK].to(torch.int64)
+            part = torch.stack([b.sum(), (b * b).sum()])
+            total = part if total is None else total + part.to(total.device)
+    return [0, 0] if total is None else [int(x) for x in total.tolist()]
+
+
+class _Sender:
+    """What every sender shares: with ``verify`` (``rollout.weight_sync.verify``) each handle carries
+    the bucket's ``checksum``, which the receiver checks against its copies."""
+
+    verify: bool = False
+
+    def _seal(self, handle: dict, tensors: list[tuple[str, torch.Tensor]]) -> dict:
+        if self.verify:
+            handle["checksum"] = checksum(tensors)
+        return handle
+
+
+class SharedMemorySender(_Sender):
     """CPU transport: a file in ``/dev/shm`` that both processes map. Grows when a bucket needs
     more room (a new file; the handle names it)."""
 
@@ -129,8 +159,10 @@ class SharedMemorySender:
     def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
         metas, nbytes = _layout(tensors)
         self._ensure(nbytes)
-        _pack(self.buffer, [(n, t.detach().cpu()) for n, t in tensors], metas)
-        return {"kind": self.kind, "path": str(self.path), "size": self.buffer.numel(), "metas": _plain(metas)}
+        moved = [(n, t.detach().cpu()) for n, t in tensors]
+        _pack(self.buffer, moved, metas)
+        handle = {"kind": self.kind, "path": str(self.path), "size": self.buffer.numel(), "metas": _plain(metas)}
+        return self._seal(handle, moved)
 
     def close(self) -> None:
         self.buffer = None
@@ -139,9 +171,11 @@ class SharedMemorySender:
             self.path = None
 
 
-class CudaIpcSender:
+class CudaIpcSender(_Sender):
     """GPU transport for an engine on the same device: one CUDA buffer exported once by a CUDA
-    IPC handle; each bucket is a device-to-device copy into it."""
+    IPC handle; each bucket is a device-to-device copy into it. The handle names the GPU by its
+    UUID: the receiver opens it on its own device after checking that it is the same GPU (a process
+    may number the GPUs differently: Ray shows an actor only its own, vLLM's Ray workers all)."""
 
     kind = "cuda_ipc"
 
@@ -160,20 +194,29 @@ class CudaIpcSender:
         self.buffer = torch.empty(max(nbytes, self.bucket_bytes), dtype=torch.uint8, device=self.device)
         self.handle = pickle.dumps(reduce_tensor(self.buffer))
         self.buffer_id = uuid.uuid4().hex
+        self.gpu = gpu_uuid(self.buffer.device)
 
     def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
         metas, nbytes = _layout(tensors)
         self._ensure(nbytes)
-        _pack(self.buffer, [(n, t.detach().to(self.device)) for n, t in tensors], metas)
+        moved = [(n, t.detach().to(self.device)) for n, t in tensors]
+        _pack(self.buffer, moved, metas)
         torch.cuda.current_stream(self.device).synchronize()  # the receiver reads on its own stream
-        return {"kind": self.kind, "ipc": self.handle, "buffer_id": self.buffer_id, "metas": _plain(metas)}
+        handle = {
+            "kind": self.kind,
+            "ipc": self.handle,
+            "buffer_id": self.buffer_id,
+            "gpu": self.gpu,
+            "metas": _plain(metas),
+        }
+        return self._seal(handle, moved)
 
     def close(self) -> None:
         self.buffer = None
         self.handle = b""
 
 
-class LocalSender:
+class LocalSender(_Sender):
     """The engine lives in this process: the handle is the bucket itself (the receiver copies)."""
 
     kind = "local"
@@ -182,13 +225,13 @@ class LocalSender:
         self.bucket_bytes = bucket_bytes
 
     def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
-        return {"kind": self.kind, "tensors": tensors}
+        return self._seal({"kind": self.kind, "tensors": tensors}, tensors)
 
     def close(self) -> None:
         pass
 
 
-class BytesSender:
+class BytesSender(_Sender):
     """The bucket as one bytes object inside the handle: for engines on other nodes (the RPC
     layer, Ray's object store, carries it)."""
 
@@ -200,8 +243,9 @@ class BytesSender:
     def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
         metas, nbytes = _layout(tensors)
         buffer = torch.zeros(nbytes, dtype=torch.uint8)
-        _pack(buffer, [(n, t.detach().cpu()) for n, t in tensors], metas)
-        return {"kind": self.kind, "data": buffer.numpy().tobytes(), "metas": _plain(metas)}
+        moved = [(n, t.detach().cpu()) for n, t in tensors]
+        _pack(buffer, moved, metas)
+        return self._seal({"kind": self.kind, "data": buffer.numpy().tobytes(), "metas": _plain(metas)}, moved)
 
     def close(self) -> None:
         pass
@@ -344,7 +388,7 @@ class BroadcastGroup:
         gc.collect()
 
 
-class BroadcastSender:
+class BroadcastSender(_Sender):
     """GPU or CPU transport to engines in other processes: packs each bucket into one reusable
     buffer on the group's device and broadcasts it (``send``) once every receiver is waiting."""
 
@@ -362,8 +406,10 @@ class BroadcastSender:
             self.buffer = torch.empty(
                 max(nbytes, self.bucket_bytes), dtype=torch.uint8, device=self.group.buffer_device
             )
-        _pack(self.buffer, [(n, t.detach().to(self.buffer.device)) for n, t in tensors], metas)
-        return {"kind": self.kind, "group": self.group.key, "nbytes": nbytes, "metas": _plain(metas)}
+        moved = [(n, t.detach().to(self.buffer.device)) for n, t in tensors]
+        _pack(self.buffer, moved, metas)
+        handle = {"kind": self.kind, "group": self.group.key, "nbytes": nbytes, "metas": _plain(metas)}
+        return self._seal(handle, moved)
 
     def send(self, handle: dict) -> None:
         """The packed bucket to every receiver (they are inside their ``open`` of ``handle``)."""
@@ -381,29 +427,42 @@ class BroadcastSender:
 Sender = LocalSender | SharedMemorySender | CudaIpcSender | BytesSender | BroadcastSender
 
 
-def make_sender(kind: str, bucket_bytes: int, group: BroadcastGroup | None = None) -> Sender:
+def make_sender(kind: str, bucket_bytes: int, group: BroadcastGroup | None = None, verify: bool = False) -> Sender:
+    sender: Sender
     if kind == "local":
-        return LocalSender(bucket_bytes)
-    if kind == "shm":
-        return SharedMemorySender(bucket_bytes)
-    if kind == "bytes":
-        return BytesSender(bucket_bytes)
-    if kind == "cuda_ipc":
-        return CudaIpcSender(bucket_bytes)
-    if kind == "broadcast":
+        sender = LocalSender(bucket_bytes)
+    elif kind == "shm":
+        sender = SharedMemorySender(bucket_bytes)
+    elif kind == "bytes":
+        sender = BytesSender(bucket_bytes)
+    elif kind == "cuda_ipc":
+        sender = CudaIpcSender(bucket_bytes)
+    elif kind == "broadcast":
         if group is None or not group.alive:
             raise ValueError("the broadcast transport sends through a BroadcastGroup (rank 0's); none was given")
-        return BroadcastSender(bucket_bytes, group)
-    raise ValueError(f"unknown weight-sync transport '{kind}'")
+        sender = BroadcastSender(bucket_bytes, group)
+    else:
+        raise ValueError(f"unknown weight-sync transport '{kind}'")
+    sender.verify = verify
+    return sender
+
+
+def gpu_uuid(device: torch.device) -> str:
+    """The GPU's UUID: one name for one physical GPU, whatever index a process gives it."""
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 class BucketReceiver:
     """The engine side: opens a handle's buffer (kept open across buckets of the same buffer)
-    and returns copies of its tensors on ``device``. For the ``broadcast`` transport it is also
-    this process's member of the group (``join``), kept across syncs."""
+    and returns copies of its tensors on ``device``, finished before ``open`` returns (the sender
+    refills the buffer once the load call answers; a CUDA copy is asynchronous until synchronised).
+    A ``routed`` handle holds one handle per engine worker: this receiver takes ``worker``'s. With a
+    ``checksum`` in the handle the copies are checked against it. For the ``broadcast`` transport it
+    is also this process's member of the group (``join``), kept across syncs."""
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", worker: int = 0) -> None:
         self.device = torch.device(device)
+        self.worker = worker
         self._key: str | None = None
         self._buffer: torch.Tensor | None = None
         self.group: BroadcastGroup | None = None
@@ -441,6 +500,19 @@ class BucketReceiver:
         return self._buffer
 
     def open(self, handle: dict) -> list[tuple[str, torch.Tensor]]:
+        if handle["kind"] == "routed":
+            handle = handle["workers"][self.worker]
+        tensors = self._copy_out(handle)
+        if self.device.type == "cuda" or (self._buffer is not None and self._buffer.device.type == "cuda"):
+            torch.cuda.synchronize()  # the copies are done before the sender may refill its buffer
+        if "checksum" in handle and checksum(tensors) != handle["checksum"]:
+            raise WeightSyncError(
+                f"weight sync: a bucket arrived damaged (checksum {checksum(tensors)} != {handle['checksum']}); its "
+                "buffer was overwritten before this receiver copied it out"
+            )
+        return tensors
+
+    def _copy_out(self, handle: dict) -> list[tuple[str, torch.Tensor]]:
         kind = handle["kind"]
         if kind == "local":
             return [(n, t.to(self.device, copy=True)) for n, t in handle["tensors"]]
@@ -458,10 +530,7 @@ class BucketReceiver:
         elif kind == "cuda_ipc":
             key = handle["buffer_id"]
             if key != self._key:
-                # the engine's workers see the learner's device numbering (same node, same
-                # CUDA_VISIBLE_DEVICES), so the handle's device index is used as is
-                rebuild, args = pickle.loads(handle["ipc"])
-                self._buffer = rebuild(*args)
+                self._buffer = open_ipc_buffer(handle)
         else:
             raise ValueError(f"unknown weight-sync transport '{kind}'")
         self._key = key
@@ -470,6 +539,23 @@ class BucketReceiver:
     def close(self) -> None:
         """End of a sync: drop the buffer (the broadcast group, if any, stays for the next one)."""
         self._key, self._buffer = None, None
+
+
+def open_ipc_buffer(handle: dict) -> torch.Tensor:
+    """The sender's CUDA buffer, mapped into this process on the same physical GPU. The handle's
+    device index is the sender's numbering; this process opens it on its own current device, after
+    checking that it is the GPU the handle names (by UUID): CUDA IPC does not cross GPUs."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    mine = gpu_uuid(device)
+    if handle.get("gpu") and handle["gpu"] != mine:
+        raise WeightSyncError(
+            f"weight sync: a CUDA IPC handle of GPU {handle['gpu']} was opened on GPU {mine}; a colocated engine "
+            "worker must receive from the learner rank on its own GPU (see `pc-megatron plan` for the routes)"
+        )
+    rebuild, args = pickle.loads(handle["ipc"])
+    args = list(args)
+    args[6] = device.index  # storage_device of torch's rebuild_cuda_tensor: this process's index of the GPU
+    return rebuild(*args)
 
 
 class SyncTarget(Protocol):
