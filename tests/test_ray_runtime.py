@@ -177,7 +177,8 @@ def test_a_two_worker_vllm_replica_under_ray_matches_the_one_process_run(cache_d
     common = [*SMALL, *MOVING, "steps=2", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.125"]
     train(load_config("tiny", common), tmp_path / "local")
     train(load_config("tiny", [*common, "runtime=ray", "rollout.vllm.tensor_parallel_size=2"]), tmp_path / "ray")
-    assert json.loads((tmp_path / "ray" / "placement.json").read_text())["weight_sync_transport"] == "shm"
+    routes = json.loads((tmp_path / "ray" / "placement.json").read_text())["weight_sync_routes"]
+    assert [(r["sender"], r["transport"]) for r in routes] == [(0, "shm"), (0, "shm")]  # one replica, two workers
     local, ray_rows = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray")
     assert local[0]["eval_accuracy"] == ray_rows[0]["eval_accuracy"]
     a, b = local[1], ray_rows[1]
@@ -199,7 +200,7 @@ def test_broadcast_weight_sync_into_split_engines_matches_the_local_run(cache_di
     train(load_config("tiny", common), tmp_path / "local")
     train(load_config("tiny", [*common, "runtime=ray", *BROADCAST]), tmp_path / "ray")
     placement = json.loads((tmp_path / "ray" / "placement.json").read_text())
-    assert placement["weight_sync_transport"] == "broadcast" and len(placement["engines"]) == 2
+    assert {r["transport"] for r in placement["weight_sync_routes"]} == {"broadcast"} and len(placement["engines"]) == 2
     local, ray_rows = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray")
     _same_step_one(local, ray_rows)
     for a, b in zip(local[1:], ray_rows[1:], strict=True):
@@ -217,5 +218,6 @@ def test_broadcast_weight_sync_into_vllm_workers_matches_the_local_run(cache_dir
     common = [*SMALL, *MOVING, "steps=2", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.125"]
     train(load_config("tiny", common), tmp_path / "local")
     train(load_config("tiny", [*common, "runtime=ray", *BROADCAST[:2]]), tmp_path / "ray")
-    assert json.loads((tmp_path / "ray" / "placement.json").read_text())["weight_sync_transport"] == "broadcast"
+    routes = json.loads((tmp_path / "ray" / "placement.json").read_text())["weight_sync_routes"]
+    assert {r["transport"] for r in routes} == {"broadcast"}
     _same_step_one(read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray"))

@@ -121,3 +121,39 @@ def test_group_stats_count_degenerate_groups():
     correct = torch.tensor([1, 1, 0, 0, 0, 0, 1, 0], dtype=torch.bool)
     s = group_stats(correct, correct.float(), group_size=2)
     assert s["frac_all_correct"] == 0.25 and s["frac_all_wrong"] == 0.5 and s["mean_group_std"] == 0.125
+
+
+def test_a_sleeping_engine_wakes_its_kv_cache_only_when_it_generates_again():
+    """Colocated GPU order: sleep while the learner trains; a sync wakes the weights only; the KV
+    cache (and the prefix-cache reset) waits for the next generate, by which time the learner has
+    released its training memory. vLLM's CPU backend has no sleep mode, so the engine's calls into
+    vLLM are recorded here rather than run."""
+    from pc_megatron.rollout.vllm_engine import VllmEngine
+
+    calls = []
+
+    class RecordingLLM:
+        def sleep(self, level):
+            calls.append(("sleep", level))
+
+        def wake_up(self, tags):
+            calls.append(("wake_up", tags))
+
+        def reset_prefix_cache(self):
+            calls.append(("reset_prefix_cache",))
+
+        def collective_rpc(self, method, args=()):
+            calls.append((method,))
+            return [args[0] if method == "pcm_end_sync" else None]
+
+    engine = object.__new__(VllmEngine)
+    engine.llm, engine.sleep_level, engine.weight_version = RecordingLLM(), 2, 0
+    engine._asleep, engine._stale_prefix = False, False
+    engine.sleep()
+    engine.begin_sync()
+    assert engine.end_sync(1, 0) == 1
+    assert calls == [("sleep", 2), ("wake_up", ["weights"]), ("pcm_begin_sync",), ("pcm_end_sync",)]
+    engine._wake()  # generate's first call
+    assert calls[-2:] == [("wake_up", None), ("reset_prefix_cache",)]
+    engine._wake()
+    assert len(calls) == 6  # awake, prefix already cleared: nothing more

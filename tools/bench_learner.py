@@ -38,6 +38,8 @@ import torch
 SHAPES = {
     "smollm2": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                     intermediate_size=1536, vocab_size=49152),
+    "qwen1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                     intermediate_size=8960, vocab_size=151936),
     "llama4x256": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                        intermediate_size=768, vocab_size=32000),
 }  # fmt: skip
@@ -69,8 +71,9 @@ def ragged_child(args) -> dict:
     folder = Path(args.workdir) / args.shape
     if not (folder / "config.json").is_file():
         torch.manual_seed(0)
-        cfg = LlamaConfig(**SHAPES[args.shape], max_position_embeddings=4096, tie_word_embeddings=True)
-        AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+        cfg = LlamaConfig(**SHAPES[args.shape], max_position_embeddings=16384, tie_word_embeddings=True)
+        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        AutoModelForCausalLM.from_config(cfg, dtype=dtype).save_pretrained(folder)
     lengths = ragged_lengths(args.rows, args.mu, args.sigma, args.min_len, args.max_len)
     if args.child == "equal":
         mean = round(sum(lengths) / len(lengths))

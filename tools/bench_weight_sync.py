@@ -13,7 +13,9 @@
    On GPU the script also projects a 14B (bf16, 29.5 GB) colocated sync from the best GB/s.
 2. **Transports** (``--transports``): GB/s of ``push_weights`` from this process into
    ``--receivers`` receiver processes per transport, side by side on the same tensors and bucket
-   size: pack, move, and each receiver's copy-out (``BucketReceiver.open``), no engine. Calls
+   size: pack, move, and each receiver's copy-out (``BucketReceiver.open``, synchronised before
+   it answers, so a GB/s counts bytes that arrived), no engine. The first, untimed sync of each
+   section sends checksums and every receiver checks its copies against them. Calls
    reach the receivers over a multiprocessing queue (standing in for Ray's RPC; ``bytes``
    buckets travel through it, as they travel through Ray's object store). ``broadcast`` runs
    over gloo on CPU, NCCL on GPU (the receivers then take GPUs 1..R; on one GPU the receivers
@@ -79,6 +81,7 @@ def bench_sync(model_dir: Path, buckets_mb: list[int], repeats: int, on_gpu: boo
         tensors = {k: hf.read(k).to(device=device, dtype=engine.dtype) for k in hf.where}
         times, stats = [], {}
         for r in range(repeats + 1):  # the first sync warms the buffers up and is not counted
+            engine.sender.verify = r == 0  # ... and checks every bucket's bytes on arrival (checksums)
             stats = engine.update_weights(tensors.items(), version=r + 1)
             if r:
                 times.append(stats["weight_sync_s"])
@@ -200,6 +203,7 @@ def bench_transports(
             sender = make_sender(kind, bucket_mb << 20, group)
             times, stats = [], {}
             for r in range(repeats + 1):  # the first sync warms the buffers up and is not counted
+                sender.verify = r == 0  # ... and checks every bucket's bytes on arrival (checksums)
                 stats = push_weights(tensors.items(), manifest, sender, procs, version=r + 1)
                 if r:
                     times.append(stats["weight_sync_s"])

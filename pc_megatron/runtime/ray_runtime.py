@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 
 from pc_megatron.errors import ConfigError, TrainingError, UserError
 from pc_megatron.rollout.base import Completion, SamplingParams
-from pc_megatron.weight_sync.routes import Slot, describe_routes, plan_routes
+from pc_megatron.weight_sync.routes import Slot, plan_routes
 
 
 @dataclass
@@ -628,7 +628,7 @@ class RayRuntime:
             "reference_learner": self.ref_learner.nodes if self.ref_learner else [],
             "engines": self.fleet.nodes,
             "placement": rcfg.placement,
-            "weight_sync_routes": describe_routes(self.routes),
+            "weight_sync_routes": [r.as_dict() for r in self.routes],
         }
         (run_dir / "placement.json").write_text(json.dumps(placement, indent=2))
 

@@ -45,6 +45,17 @@ class Route:
     sender: int  # learner rank
     transport: str  # local | shm | cuda_ipc | bytes | broadcast
 
+    def as_dict(self) -> dict:
+        """What ``placement.json`` records of the route."""
+        return {
+            "replica": self.replica,
+            "worker": self.worker,
+            "node": self.slot.node,
+            "bundle": self.slot.index,
+            "sender": self.sender,
+            "transport": self.transport,
+        }
+
     def describe(self) -> str:
         return (
             f"engine replica {self.replica} worker {self.worker} (node {self.slot.node}, bundle {self.slot.index}) "
@@ -123,10 +134,6 @@ def _route(k, w, slot: Slot, learner: list[Slot], by_slot: dict[int, int], on_gp
             "and colocated engines share the learner's GPUs (use auto or cuda_ipc)"
         )
     return Route(k, w, slot, sender, kind)
-
-
-def describe_routes(routes: list[Route]) -> list[str]:
-    return [r.describe() for r in routes]
 
 
 def layout_slots(
