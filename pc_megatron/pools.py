@@ -27,7 +27,8 @@ from pc_megatron.data.synthetic import pool_candidates, split_fields
 from pc_megatron.data.task import Task, cache_root, config_hash
 from pc_megatron.errors import ConfigError
 from pc_megatron.model.tiny import load_tokenizer
-from pc_megatron.warmstart import sft_batch, warm_start_key
+from pc_megatron.rollout.batch import sft_batch
+from pc_megatron.warmstart import warm_start_key
 
 POOL_FORMAT = 1  # bump when the selection changes, to invalidate cached pools
 MAX_CHUNKS = 8  # candidate chunks of 4 x num_train prompts before giving up

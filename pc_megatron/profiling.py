@@ -1,73 +1,14 @@
-"""``pc-megatron profile`` and the named ranges it records.
-
-Named ranges for the phases of a step, visible to ``torch.profiler`` (on CPU and GPU) and, on
-GPU, to Nsight Systems as NVTX ranges.
-
-Off unless a profile asks for them: ``phase_range`` then returns one shared no-op context, so a
-run that does not profile pays a dictionary lookup per phase and nothing else. ``enable()`` turns
-them on in this process and, through the ``PC_MEGATRON_PHASE_RANGES`` variable that the Ray
-runtime forwards to every actor, in the learner and engine processes it starts afterwards.
-``nsys profile -t cuda,nvtx pc-megatron train ... `` with ``PC_MEGATRON_PHASE_RANGES=1`` in
-the environment shows the same names without ``torch.profiler``.
-"""
+"""``pc-megatron profile``: a few steps under ``torch.profiler`` with the phase ranges of
+``pc_megatron/phases.py`` on."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
-ENV = "PC_MEGATRON_PHASE_RANGES"
-_NULL = contextlib.nullcontext()
-_state = {"on": os.environ.get(ENV) == "1"}
-_names: set[str] = set()  # every range opened in this process (left out of the operator table)
+from pc_megatron.phases import disable, enable, opened_names
 
 
-def enable() -> None:
-    os.environ[ENV] = "1"
-    _state["on"] = True
-
-
-def disable() -> None:
-    os.environ.pop(ENV, None)
-    _state["on"] = False
-
-
-def enabled() -> bool:
-    return _state["on"]
-
-
-def phase_range(name: str):
-    """A context manager that marks ``name`` in the profiler's trace and in NVTX (GPU), or a
-    no-op when ranges are off."""
-    return _Range(name) if _state["on"] else _NULL
-
-
-class _Range:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        _names.add(name)
-
-    def __enter__(self):
-        import torch
-
-        self._rf = torch.profiler.record_function(self.name)
-        self._rf.__enter__()
-        self._nvtx = torch.cuda.is_available()
-        if self._nvtx:
-            torch.cuda.nvtx.range_push(self.name)
-        return self
-
-    def __exit__(self, *exc):
-        import torch
-
-        if self._nvtx:
-            torch.cuda.nvtx.range_pop()
-        self._rf.__exit__(*exc)
-        return False
-
-
-# --------------------------------------------------------------------------- pc-megatron profile
 class Capture:
     """``torch.profiler`` over steps ``first``..``last`` of a run (``train(..., capture=)``): CPU
     activity, and CUDA activity and memory where there is a GPU; each step is a ``step N`` range."""
@@ -140,7 +81,7 @@ def profile(cfg, out: Path, steps: int, warmup: int) -> dict:
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
     }
     (out / "breakdown.json").write_text(json.dumps(result, indent=2))
-    _write_breakdown(out, result, _top_operators(averages, set(phases) | _names))
+    _write_breakdown(out, result, _top_operators(averages, set(phases) | opened_names()))
     _plot_breakdown(out / "breakdown.png", result)
     return result
 

@@ -9,39 +9,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from pc_megatron.checkpoint import export_hf
-from pc_megatron.data.dataset import PromptRow
 from pc_megatron.data.sampler import PromptSampler
 from pc_megatron.data.synthetic import split_fields
 from pc_megatron.data.task import Task, cache_root, config_hash
 from pc_megatron.errors import ConfigError
-from pc_megatron.learner import Learner, TokenBatch
+from pc_megatron.learner import Learner
 from pc_megatron.model.arch import load_arch
 from pc_megatron.model.tiny import create_tiny_model, load_tokenizer
+from pc_megatron.rollout.batch import sft_batch
 
 WARMSTART_FORMAT = 1  # bump when the SFT procedure changes, to invalidate caches
 SHIPPED = Path(__file__).resolve().parent / "assets" / "warmstart"
-
-
-def sft_batch(tokenizer, rows: list[PromptRow]) -> TokenBatch:
-    """``prompt + answer + EOS``, loss on the answer and EOS only."""
-    seqs, starts = [], []
-    for r in rows:
-        p = tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
-        a = tokenizer(r.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        seqs.append(p + a)
-        starts.append(len(p))
-    width = max(map(len, seqs))
-    tokens = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width - 1))
-    for i, (s, start) in enumerate(zip(seqs, starts, strict=True)):
-        tokens[i, : len(s)] = torch.tensor(s)
-        mask[i, start - 1 : len(s) - 1] = 1.0
-    return TokenBatch(tokens, mask)
 
 
 def base_model_dir(cfg: Any) -> Path:

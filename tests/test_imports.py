@@ -54,3 +54,69 @@ def test_rewards_import_no_model_code():
     pay for torch or a model library."""
     for module in ("torch", "transformers", "megatron", "vllm", "ray"):
         assert [f for f in offenders(module, ()) if f.startswith("pc_megatron/rewards/")] == []
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (at the top or inside a function: a function's import
+    runs too, and a circle through one is still a circle for whoever reads or moves the code)."""
+    files = {_module_name(f): f for f in sorted((ROOT / "pc_megatron").rglob("*.py"))}
+    graph = {}
+    for name, f in files.items():
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # ``from pkg import mod`` imports the submodule when there is one
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            deps |= {t for t in targets if t in files and t != name}
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_import_graph_has_no_cycle():
+    found = cycles(package_graph())
+    assert found == [], f"import circles: {found}"
+
+
+def test_the_cycle_check_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -54,8 +54,8 @@ def test_evaluation_samples_with_the_rollout_stop_tokens(cache_dir):
     from pc_megatron.model.tiny import load_tokenizer
     from pc_megatron.rewards import RewardConfig
     from pc_megatron.rewards.pool import RewardPool
-    from pc_megatron.rollout import build_engine
     from pc_megatron.rollout.base import SamplingParams
+    from pc_megatron.rollout.engines import build_engine
     from pc_megatron.warmstart import initial_policy_dir
 
     cfg = load_config("tiny", ["eval.num_prompts=60", "eval.temperature=0"])

@@ -6,7 +6,7 @@ import json
 
 from test_train_integration import SMALL
 
-from pc_megatron import profiling
+from pc_megatron import phases
 from pc_megatron.cli import main
 
 PHASES = {"scheduler", "rollout", "reward", "engine_sleep", "logprob", "train", "optimizer", "sync"}
@@ -36,7 +36,7 @@ def test_profile_writes_a_trace_with_every_phase_and_a_breakdown_that_adds_up(ca
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and not any("eval_accuracy" in r for r in rows)
     assert not (out / "run" / "checkpoints").exists()
     # and the ranges are off again: a later run in this process records nothing
-    assert not profiling.enabled() and profiling.phase_range("rollout") is profiling._NULL
+    assert not phases.enabled() and phases.phase_range("rollout") is phases._NULL
     assert "phases = " in capsys.readouterr().out
 
 

@@ -41,7 +41,7 @@ SHAPES = {
     "qwen1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                      intermediate_size=8960, vocab_size=151936),
     "llama4x256": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                       intermediate_size=768, vocab_size=32000),
+                       intermediate_size=768, vocab_size=8192),
 }  # fmt: skip
 LAYOUTS = {
     "padded": lambda budget, rows: dict(max_tokens_per_micro_batch=0, micro_batch_size=rows, packing=False),

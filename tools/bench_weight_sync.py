@@ -240,7 +240,7 @@ def bench_rollout(repeats: int) -> dict:
     from pc_megatron.config import load_config
     from pc_megatron.data.task import prepare_task
     from pc_megatron.model.tiny import load_tokenizer
-    from pc_megatron.rollout import build_engine
+    from pc_megatron.rollout.engines import build_engine
     from pc_megatron.warmstart import ensure_warm_start
 
     cfg = load_config("tiny", ["progress=false"])

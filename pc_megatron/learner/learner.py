@@ -33,7 +33,7 @@ from pc_megatron.learner.model import build_gpt_model, resolve_transformer_impl
 from pc_megatron.learner.offload import PinnedOffload
 from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.arch import ArchSpec, load_arch
-from pc_megatron.profiling import phase_range
+from pc_megatron.phases import phase_range
 from pc_megatron.weight_sync.mapping import megatron_to_hf
 from pc_megatron.weight_sync.sharding import (
     HFTensors,

@@ -15,8 +15,9 @@ Two ways to cut micro-batches:
   to its own longest row).
 - **token budget** (``max_tokens>0``): rows are dealt to ranks by workload (longest-processing-time
   first: the heaviest row to the least-loaded rank), then each rank's rows, longest first, fill
-  micro-batches while the processed positions stay within the budget. A row that alone exceeds the
-  budget gets a micro-batch of its own (``oversize``).
+  micro-batches while the processed positions stay within the budget (padded: and while a row is
+  at least 1/``PAD_RATIO`` of its micro-batch's width). A row that alone exceeds the budget gets a
+  micro-batch of its own (``oversize``).
 
 Workload of a row of ``L`` tokens: ``L + L^2 / attention_tokens``. The linear layers cost about
 ``24 h^2`` flops a token and attention ``4 h L``, so attention adds ``L / (6 h)`` of a token's linear
@@ -65,6 +66,9 @@ class Plan:
             "processed": float(processed),
             "micro_batches": float(max((len(r) for r in self.ranks), default=0)),
         }
+
+
+PAD_RATIO = 1.25  # padded layout: a bin's width over the shortest row it takes
 
 
 def alignment(tensor_parallel_size: int, sequence_parallel: bool, fp8: bool) -> int:
@@ -132,9 +136,10 @@ def _fill(
 ) -> tuple[tuple[MicroBatch, ...], list[int]]:
     """Rows sorted longest first into micro-batches within ``max_tokens`` processed positions.
     Packed: first fit (a shorter row may still fill a gap in an earlier stream). Padded: consecutive
-    rows (neighbours have similar lengths, so little padding), each bin as wide as its first row."""
+    rows, each bin as wide as its first row, a row joining only while it is at least 1/PAD_RATIO of
+    that width (padding stays under a fifth of each row's positions)."""
     bins: list[list[int]] = []
-    used: list[int] = []  # real tokens in each bin; an oversize row's bin counts as full
+    used: list[float] = []  # real tokens in each bin; an oversize row's bin counts as full
     oversize = []
     for i in rows:
         n = lengths[i]
@@ -147,10 +152,11 @@ def _fill(
             fit = next((b for b, u in enumerate(used) if round_up(u + n, align) <= max_tokens), None)
         else:
             last = len(bins) - 1
-            fits = last >= 0 and used[last] < math.inf
-            fit = (
-                last if fits and round_up(lengths[bins[last][0]], align) * (len(bins[last]) + 1) <= max_tokens else None
-            )
+            width = round_up(lengths[bins[last][0]], align) if last >= 0 else 0
+            open_bin = last >= 0 and used[last] < math.inf
+            widest = lengths[bins[last][0]] if last >= 0 else 0  # before alignment (that padding is owed anyway)
+            fits = open_bin and width * (len(bins[last]) + 1) <= max_tokens and n * PAD_RATIO >= widest
+            fit = last if fits else None
         if fit is None:
             bins.append([])
             used.append(0)

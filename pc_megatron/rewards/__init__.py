@@ -12,20 +12,10 @@ import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pc_megatron.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class RewardResult:
-    score: float
-    correct: bool
-
-
-class Reward(Protocol):
-    def __call__(self, completion: str, answer: str) -> RewardResult: ...
-
+from pc_megatron.rewards.result import Reward, RewardResult
 
 _INT = re.compile(r"^\s*(-?\d+)\s*$")
 

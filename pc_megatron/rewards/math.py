@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import re
 
-from pc_megatron.rewards import RewardResult
+from pc_megatron.rewards.result import RewardResult
 
 _BOX = ("\\boxed", "\\fbox")
 _DIGIT_GAP = re.compile(r"(?<=\d)(?:\\,|\\!|\\ |~|\\thinspace)(?=\d)")  # 3\,000: a thousands gap

@@ -1,9 +1,11 @@
-"""Turn completions into the learner's right-padded token batch, and measure what came back."""
+"""Turn completions (or prompt + answer rows) into the learner's right-padded token batch, and measure
+what came back."""
 
 from __future__ import annotations
 
 import torch
 
+from pc_megatron.data.dataset import PromptRow
 from pc_megatron.learner.learner import TokenBatch
 from pc_megatron.rollout.base import Completion
 
@@ -24,6 +26,23 @@ def completions_to_batch(
         mask[i, start : start + len(c.token_ids)] = 1.0
         engine_logp[i, start : start + len(c.token_ids)] = torch.tensor(c.logprobs)
     return TokenBatch(tokens, mask), engine_logp
+
+
+def sft_batch(tokenizer, rows: list[PromptRow]) -> TokenBatch:
+    """``prompt + answer + EOS``, loss on the answer and EOS only."""
+    seqs, starts = [], []
+    for r in rows:
+        p = tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
+        a = tokenizer(r.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append(p + a)
+        starts.append(len(p))
+    width = max(map(len, seqs))
+    tokens = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width - 1))
+    for i, (s, start) in enumerate(zip(seqs, starts, strict=True)):
+        tokens[i, : len(s)] = torch.tensor(s)
+        mask[i, start - 1 : len(s) - 1] = 1.0
+    return TokenBatch(tokens, mask)
 
 
 def group_stats(correct: torch.Tensor, rewards: torch.Tensor, group_size: int) -> dict[str, float]:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from pc_megatron.errors import ConfigError
-from pc_megatron.profiling import phase_range
+from pc_megatron.phases import phase_range
 from pc_megatron.rollout.base import Completion, RolloutConfig, SamplingParams, sample_seed
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
 from pc_megatron.weight_sync.transport import make_sender, push_weights

@@ -8,7 +8,7 @@ import itertools
 import time
 
 from pc_megatron.data.dataset import PromptRow
-from pc_megatron.profiling import phase_range
+from pc_megatron.phases import phase_range
 from pc_megatron.rewards import overlong_penalty
 from pc_megatron.rewards.pool import RewardPool, Scored
 from pc_megatron.rollout.base import Completion, RolloutEngine, SamplingParams
@@ -45,7 +45,7 @@ def generate_and_score(
 class PhaseTimes:
     """Wall seconds per phase of one step, as ``time_<phase>_s`` metrics. Phases nest and are
     exclusive: a phase's own time leaves out the phases timed inside it, so they add up to the
-    step's time. Each phase is also a named range for a profile (``pc_megatron.profiling``)."""
+    step's time. Each phase is also a named range for a profile (``pc_megatron.phases``)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from pc_megatron.errors import ConfigError
 from pc_megatron.learner import Learner
-from pc_megatron.rollout import build_engine
+from pc_megatron.rollout.engines import build_engine
 
 
 class LocalRuntime:

@@ -268,7 +268,7 @@ class EngineWorker:
     ) -> None:
         import torch
 
-        from pc_megatron.rollout import build_engine
+        from pc_megatron.rollout.engines import build_engine
 
         torch.set_num_threads(threads)
         self.engine = build_engine(rollout_cfg, model_dir, learner_bf16=learner_bf16, ray_bundles=ray_bundles)
