@@ -95,7 +95,14 @@ def load_latest(ckpt_root: Path) -> tuple[dict, Path] | None:
     path = folder / "state.pt"
     if not path.is_file():
         raise ModelFileError(f"{path}: checkpoint named by {latest} is missing; the run directory was modified")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or overwritten file: torch's reader names only itself
+        detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ModelFileError(
+            f"{path}: cannot read the checkpoint's loop and scheduler state ({detail}); the file is damaged or "
+            "incomplete: resume from an earlier checkpoint (write its folder name into checkpoints/latest)"
+        ) from None
     if "learner" in state:
         raise ModelFileError(
             f"{folder}: a checkpoint in the earlier format (learner state inside state.pt), which this version "

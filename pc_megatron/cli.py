@@ -1,4 +1,4 @@
-"""``pc-megatron``: train, warmstart, compare, profile, report, score, plan, convert, config show."""
+"""``pc-megatron``: train, warmstart, compare, profile, report, survey, score, plan, convert, config show."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _quiet() -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pc_megatron.config import load_config
+    from pc_megatron.config import load_config, resume_changes
     from pc_megatron.errors import ConfigError
     from pc_megatron.train import train
 
@@ -34,6 +34,15 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError("--resume takes the recipe from RUN_DIR/config.yaml; pass only key=value overrides")
         overrides = ([args.recipe] if args.recipe else []) + args.overrides
         cfg = load_config(str(saved), overrides)
+        changes = resume_changes(load_config(str(saved)), cfg)
+        done = _checkpoint_step(run_dir)
+        if done is not None and done >= cfg.steps:
+            print(
+                f"{run_dir}: the run is complete (step {done} of {cfg.steps}); nothing to do (raise steps= to train on)"
+            )
+            return 0
+        if changes:
+            _log_resume(run_dir, done or 0, changes)
     else:
         recipe, overrides = _recipe_and_overrides(args)
         cfg = load_config(recipe, overrides)
@@ -48,8 +57,33 @@ def _train(args: argparse.Namespace) -> int:
         if (run_dir / "checkpoints").exists():
             raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} or another name=")
     print(f"run directory: {run_dir}", flush=True)
-    train(cfg, run_dir, resume=bool(args.resume))
+    try:
+        train(cfg, run_dir, resume=bool(args.resume))
+    except KeyboardInterrupt:
+        print(
+            f"interrupted; resume from the last checkpoint with `pc-megatron train --resume {run_dir}`", file=sys.stderr
+        )
+        return 130
     return 0
+
+
+def _checkpoint_step(run_dir: Path) -> int | None:
+    latest = run_dir / "checkpoints" / "latest"
+    if not latest.is_file():
+        return None
+    name = latest.read_text().strip()
+    return int(name.split("_")[-1]) if name.startswith("step_") else None
+
+
+def _log_resume(run_dir: Path, step: int, changes: dict) -> None:
+    """Each accepted change of a resume, with the step it takes effect after, in ``resumes.jsonl``
+    (``config.yaml`` is rewritten with the new values when the run starts)."""
+    import json
+
+    entry = {"after_step": step, "changes": {k: {"was": a, "now": b} for k, (a, b) in changes.items()}}
+    with open(run_dir / "resumes.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+    print(f"resuming after step {step} with " + ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changes.items()))
 
 
 def _warmstart(args: argparse.Namespace) -> int:
@@ -58,12 +92,15 @@ def _warmstart(args: argparse.Namespace) -> int:
     import torch
 
     from pc_megatron.config import load_config
-    from pc_megatron.data.task import prepare_task
-    from pc_megatron.warmstart import SHIPPED, ensure_warm_start
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.prepare import prepare_run
+    from pc_megatron.warmstart import SHIPPED
 
     cfg = load_config(*_recipe_and_overrides(args))
     torch.set_num_threads(cfg.threads)
-    path = ensure_warm_start(cfg, prepare_task(cfg), progress=cfg.progress)
+    if not cfg.warmstart.enabled:
+        raise ConfigError("this recipe has warmstart.enabled=false: there is no warm-start to run")
+    path = prepare_run(cfg, progress=cfg.progress).policy_dir
     if args.ship and path.parent != SHIPPED:
         dest = SHIPPED / path.name
         shutil.copytree(path, dest, dirs_exist_ok=True)
@@ -99,6 +136,16 @@ def _plan(args: argparse.Namespace) -> int:
     res = plan(load_config(*_recipe_and_overrides(args)), gpu_gib=args.gpu_gib)
     print(format_plan(res))
     return 2 if res["problems"] else 0
+
+
+def _survey(args: argparse.Namespace) -> int:
+    from pc_megatron.config import load_config
+    from pc_megatron.survey import format_survey, survey
+
+    cfg = load_config(*_recipe_and_overrides(args))
+    res = survey(cfg, args.prompts, args.samples, Path(args.out) if args.out else None, args.steps, args.bootstrap)
+    print(format_survey(res))
+    return 0
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -184,6 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     p_plan.add_argument("overrides", nargs="*")
     p_plan.add_argument("--gpu-gib", type=float, default=140.0, help="memory of one GPU (H200: 140 GiB)")
     p_plan.set_defaults(func=_plan)
+    p_sv = sub.add_parser("survey", help="a recipe's pool under its starting policy: pass rates, degenerate groups")
+    p_sv.add_argument("recipe", nargs="?")
+    p_sv.add_argument("overrides", nargs="*")
+    p_sv.add_argument("--prompts", type=int, default=128, help="training prompts sampled")
+    p_sv.add_argument("--samples", type=int, default=16, help="rollouts per prompt")
+    p_sv.add_argument("--steps", type=int, default=40, help="steps of each policy simulated on the fitted pool")
+    p_sv.add_argument("--bootstrap", type=int, default=20, help="resamples of the prompts for the intervals")
+    p_sv.add_argument("--out", metavar="DIR", help="write survey.json here")
+    p_sv.set_defaults(func=_survey)
     p_sc = sub.add_parser("score", help="score a JSONL of id/completion/answer rows with a reward, offline")
     p_sc.add_argument("file", help="JSONL rows with id, completion, answer")
     p_sc.add_argument("--reward", default="math_verify", help="registered reward name (default: math_verify)")
@@ -213,14 +269,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from pc_megatron.errors import UserError
+    from pc_megatron.preemption import RunStopped
 
     try:
         return args.func(args)
+    except RunStopped as e:
+        print(str(e), file=sys.stderr)
+        return 128 + e.signum
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; resume with --resume RUN_DIR from the last checkpoint", file=sys.stderr)
+        print("interrupted", file=sys.stderr)
         return 130
 
 

@@ -17,6 +17,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from pc_megatron.algo.loss import LossConfig
 from pc_megatron.data.synthetic import SyntheticTaskConfig, validate_mix, validate_pool
+from pc_megatron.data.word_problems import WordProblemsConfig
 from pc_megatron.errors import ConfigError
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.tiny import TinyModelConfig
@@ -33,7 +34,10 @@ class ModelConfig:
     """The initial policy."""
 
     path: str = ""
-    """Hugging Face model folder; empty = build the embedded tiny Qwen2 policy."""
+    """Hugging Face model folder; empty = model.fixture, else the embedded tiny Qwen2 policy."""
+    fixture: str = ""
+    """A real pretrained model materialised on first use as an HF folder in the cache
+    (pc_megatron/model/fixtures.py): 'smollm2-135m-instruct' (needs the real-lm extra)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -55,6 +59,11 @@ class DataConfig:
     max_prompt_tokens: int = 0
     """Leave out prompts longer than this many tokens (after the template; counted and
     reported as ``data/dropped_long_prompts``); 0 = keep all."""
+    generator: str = ""
+    """Rows made by the project instead of read from files: 'word_problems' (arithmetic word
+    problems on a difficulty ladder, data.word_problems; train and held-out splits, cached). Empty
+    with no train_path = the embedded synthetic task."""
+    word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)
     synthetic: SyntheticTaskConfig = field(default_factory=SyntheticTaskConfig)
 
 
@@ -151,6 +160,9 @@ class CheckpointConfig:
     """Save every this many RL steps (and at the end); 0 = only at the end."""
     keep_last: int = 2
     """Checkpoints kept on disk."""
+    on_signal: bool = True
+    """On SIGTERM or SIGUSR1 (a scheduler preempting the job), finish the step and save a checkpoint
+    before stopping (false: stop after the step without one)."""
 
 
 @dataclass
@@ -230,7 +242,7 @@ def _recipe_chain(path: Path) -> list[Path]:
     relative to the file), the most basic first: a twin recipe states only what differs."""
     chain = [path]
     while True:
-        parent = OmegaConf.load(chain[0]).get("inherit")
+        parent = _load_yaml(chain[0]).get("inherit")
         if not parent:
             return chain
         rel = chain[0].parent / str(parent)
@@ -238,6 +250,19 @@ def _recipe_chain(path: Path) -> list[Path]:
         if found in chain:
             raise ConfigError(f"{chain[0]}: 'inherit: {parent}' makes a cycle of recipes")
         chain.insert(0, found)
+
+
+def _load_yaml(path: Path):
+    """A recipe file, or one ConfigError naming the file, line and column of a YAML mistake."""
+    import yaml
+
+    try:
+        return OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem}); fix the recipe file") from None
 
 
 def _without_inherit(node):
@@ -251,7 +276,7 @@ def load_config(recipe: str | None = "tiny", overrides: list[str] | tuple[str, .
     if recipe:
         for path in _recipe_chain(recipe_path(recipe)):
             try:
-                cfg = OmegaConf.merge(cfg, _without_inherit(OmegaConf.load(path)))
+                cfg = OmegaConf.merge(cfg, _without_inherit(_load_yaml(path)))
             except OmegaConfBaseException as e:
                 raise _friendly(e, str(path)) from None
     for item in overrides:
@@ -289,6 +314,8 @@ def validate(cfg: Any) -> None:
     if cfg.eval.temperature == 0 and cfg.eval.samples_per_prompt != 1:
         raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
     if cfg.data.train_path and not cfg.data.eval_path and not cfg.eval.sets:
+        if not Path(cfg.data.train_path).is_file():  # the first thing to fix (recipes may name files elsewhere)
+            raise ConfigError(f"data.train_path={cfg.data.train_path}: no such file (JSONL or Parquet prompt rows)")
         raise ConfigError(
             "data.train_path needs held-out data: set data.eval_path or eval.sets (held-out accuracy needs one)"
         )
@@ -310,7 +337,20 @@ def validate(cfg: Any) -> None:
         names.append(s.name or Path(s.path).stem)
     if len(set(names)) < len(names):
         raise ConfigError(f"eval.sets: two sets share a name ({names}); give each a name")
-    if not cfg.data.train_path:
+    if cfg.data.generator not in ("", "word_problems"):
+        raise ConfigError(f"data.generator: '{cfg.data.generator}' is not one of '' (none), word_problems")
+    if cfg.data.generator and cfg.data.train_path:
+        raise ConfigError("data.generator makes the training rows: unset data.train_path (or the generator)")
+    if cfg.data.generator:
+        OmegaConf.to_object(cfg.data.word_problems).validate()
+    if cfg.model.path and cfg.model.fixture:
+        raise ConfigError("model.path and model.fixture both name the initial policy: set one of them")
+    if cfg.model.fixture:
+        from pc_megatron.model.fixtures import FIXTURES
+
+        if cfg.model.fixture not in FIXTURES:
+            raise ConfigError(f"model.fixture: unknown fixture '{cfg.model.fixture}'; known: {sorted(FIXTURES)}")
+    if not cfg.data.train_path and not cfg.data.generator:
         validate_mix(dict(cfg.data.synthetic.mix))
         syn = cfg.data.synthetic
         validate_pool(syn.pool, list(syn.easy_pass_band), syn.hopeless_frac, syn.solved_frac)
@@ -332,6 +372,54 @@ def validate(cfg: Any) -> None:
     sched.validate()
     if sched.pilot_samples >= cfg.algo.samples_per_prompt:
         raise ConfigError("scheduler.pilot_samples must be < algo.samples_per_prompt (the rest are committed)")
+
+
+# Keys a resumed run may change: how long it runs, how often it evaluates and saves, where and how wide
+# it runs (a checkpoint reshards to another layout; a sample's seed does not depend on the replicas),
+# its deadlines. Anything else would make the run's record (config.yaml, the metrics) describe steps
+# that ran otherwise.
+RESUME_SAFE = (
+    "steps",
+    "progress",
+    "threads",
+    "runtime",
+    "eval.every_steps",
+    "checkpoint.",
+    "ray.",
+    "learner.tensor_parallel_size",
+    "learner.pipeline_parallel_size",
+    "learner.data_parallel_size",
+    "rollout.replicas",
+    "rollout.timeout_s",
+    "reward.workers",
+)
+
+
+def leaf_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a config as ``dotted.key -> value`` (lists as values)."""
+    node = OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else cfg
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out |= leaf_values(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resume_changes(saved: Any, wanted: Any) -> dict[str, tuple[Any, Any]]:
+    """``key -> (saved, wanted)`` for every leaf that differs; a key outside ``RESUME_SAFE`` is one
+    ConfigError that names it and the keys a resume may change."""
+    before, after = leaf_values(saved), leaf_values(wanted)
+    changes = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
+    unsafe = sorted(k for k in changes if not k.startswith(RESUME_SAFE))
+    if unsafe:
+        raise ConfigError(
+            f"--resume cannot change {', '.join(unsafe)}: the steps already taken ran with "
+            f"{', '.join(f'{k}={changes[k][0]}' for k in unsafe)}; start a new run for that (a resume may change "
+            f"{', '.join(k.rstrip('.') + ('.*' if k.endswith('.') else '') for k in RESUME_SAFE)})"
+        )
+    return changes
 
 
 def to_yaml(cfg: Any) -> str:

@@ -117,6 +117,11 @@ def _megatron_source(src: Path) -> tuple[ArchSpec, Path, Iterator[tuple[str, tor
     folder, a training checkpoint or a run directory."""
     if (src / "checkpoints" / "latest").is_file():  # a run directory: its latest checkpoint
         src = src / "checkpoints" / (src / "checkpoints" / "latest").read_text().strip()
+    elif (src / "config.yaml").is_file():
+        raise ModelFileError(
+            f"{src}: this run has no checkpoint yet (no checkpoints/latest): convert it once it has saved one "
+            "(checkpoint.every_steps, and always at the end of a run)"
+        )
     side = src / "hf"
     if not (side / "config.json").is_file():
         raise ModelFileError(

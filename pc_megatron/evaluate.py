@@ -33,8 +33,8 @@ def evaluate(
         top_p=1.0,
         max_new_tokens=cfg.max_new_tokens or rollout_params.max_new_tokens,
     )
-    acc, by_family = _accuracy(fleet, tokenizer, rewards, rows, cfg.samples_per_prompt, params, seed)
-    return {"eval_accuracy": acc, **{f"eval_accuracy/{f}": v for f, v in by_family.items()}}
+    acc, by_family, extra = _accuracy(fleet, tokenizer, rewards, rows, cfg.samples_per_prompt, params, seed)
+    return {"eval_accuracy": acc, **{f"eval_accuracy/{f}": v for f, v in by_family.items()}, **extra}
 
 
 def evaluate_sets(
@@ -48,7 +48,8 @@ def evaluate_sets(
 ) -> dict[str, float]:
     """``eval/<name>`` (avg@repeats over the set, at its own sampling) for each ``(name, rows,
     EvalSetConfig)``, and ``eval/mean``, their unweighted mean (each benchmark counts once)."""
-    out = {}
+    out: dict[str, float] = {}
+    failures = {"eval/reward_timeouts": 0, "eval/reward_errors": 0}
     for name, rows, s in sets:
         params = dataclasses.replace(
             rollout_params,
@@ -56,13 +57,19 @@ def evaluate_sets(
             top_p=s.top_p,
             max_new_tokens=s.max_new_tokens or cfg.max_new_tokens or rollout_params.max_new_tokens,
         )
-        out[f"eval/{name}"], _ = _accuracy(fleet, tokenizer, rewards, rows, s.repeats, params, seed)
+        out[f"eval/{name}"], _, extra = _accuracy(fleet, tokenizer, rewards, rows, s.repeats, params, seed)
+        for key in failures:
+            failures[key] += extra[key]
     out["eval/mean"] = sum(out.values()) / len(out)
+    out |= failures
     return out
 
 
-def _accuracy(fleet, tokenizer, rewards, rows, k: int, params, seed: int) -> tuple[float, dict[str, float]]:
-    """Mean correctness over ``k`` samples of each row, overall and per ``meta["family"]``."""
+def _accuracy(fleet, tokenizer, rewards, rows, k: int, params, seed: int):
+    """Mean correctness over ``k`` samples of each row, overall and per ``meta["family"]``; and what
+    else the call shows: the reward pool's ``eval/reward_timeouts`` and ``eval/reward_errors``, and with
+    ``math_verify`` the share of answers that were boxed at all (``eval_boxed_frac``: a wrong format
+    and a wrong answer both score as wrong)."""
     completions, scored = generate_and_score(
         fleet, tokenizer, rewards, rows, encode_prompts(tokenizer, rows), k, params, seed
     )
@@ -70,7 +77,13 @@ def _accuracy(fleet, tokenizer, rewards, rows, k: int, params, seed: int) -> tup
     for c, res in zip(completions, scored.results, strict=True):
         by_family[str(rows[c.prompt_index].meta.get("family", "all"))].append(float(res.correct))
     acc = sum(float(r.correct) for r in scored.results) / len(scored.results)
-    return acc, {f: sum(v) / len(v) for f, v in sorted(by_family.items())}
+    extra = {"eval/reward_timeouts": scored.timeouts, "eval/reward_errors": scored.errors}
+    if rewards.cfg.name == "math_verify":
+        from pc_megatron.rewards.math import last_boxed
+
+        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+        extra["eval_boxed_frac"] = sum(last_boxed(t) is not None for t in texts) / len(texts)
+    return acc, {f: sum(v) / len(v) for f, v in sorted(by_family.items())}, extra
 
 
 def expected_accuracy(

@@ -182,9 +182,11 @@ def plan(cfg: Any, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict:
             smaller = f"lower learner.max_tokens_per_micro_batch (at most {fitting_budget:,} fit)"
         else:
             smaller = f"shorten the sequences (one {seq}-token sequence alone does not fit)"
+        # the distributed optimizer shards over data-parallel ranks: at DP 1 it changes nothing
+        distopt = "set learner.distributed_optimizer=true, " if dp > 1 and not lc.distributed_optimizer else ""
         problems.append(
             f"training needs {train_peak / GIB:.1f} GiB per GPU of {gpu_gib:g}: raise learner.tensor_parallel_size or "
-            f"pipeline_parallel_size, set learner.distributed_optimizer=true, or {smaller}"
+            f"pipeline_parallel_size, {distopt}or {smaller}"
         )
     if gen_peak > gpu:
         problems.append(

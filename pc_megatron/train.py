@@ -26,16 +26,15 @@ from tqdm import tqdm
 
 from pc_megatron.algo.update import rl_update
 from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
-from pc_megatron.data.task import expected_eval_set, prepare_prompts, prepare_task
+from pc_megatron.data.task import expected_eval_set
 from pc_megatron.evaluate import evaluate, evaluate_sets, expected_accuracy
-from pc_megatron.model.tiny import load_tokenizer
 from pc_megatron.observability import MetricsLog, summarize
-from pc_megatron.pools import select_pool
+from pc_megatron.preemption import RunStopped, StopRequests, record_processes
+from pc_megatron.prepare import prepare_run
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.worker import PhaseTimes, Rollouts
 from pc_megatron.runtime import build_runtime
 from pc_megatron.scheduler import Scheduler
-from pc_megatron.warmstart import ensure_warm_start
 
 
 def stream_seed(seed: int, step: int, stream: int) -> int:
@@ -61,23 +60,44 @@ def train(cfg: Any, run_dir: Path, resume: bool = False, capture=None) -> dict:
     a captured run measures steps only (no held-out evaluation, no checkpoint)."""
     t_start = time.time()
     torch.set_num_threads(cfg.threads)
+    # everything that can be checked from the config, the data and the model's config.json, before
+    # a run folder exists or a process starts
+    prepared = prepare_run(cfg, progress=cfg.progress)
+    task, policy_dir, tokenizer = prepared.task, prepared.policy_dir, prepared.tokenizer
+    preflight(cfg, policy_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    task = prepare_task(cfg)
-    policy_dir = ensure_warm_start(cfg, task, progress=cfg.progress)
-    task = select_pool(cfg, task, policy_dir, progress=cfg.progress)
-    tokenizer = load_tokenizer(policy_dir)
-    task = prepare_prompts(cfg, task, tokenizer)
     if any(task.dropped.values()):
         print(f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {task.dropped}", flush=True)
     with contextlib.ExitStack() as stack:
+        stop = stack.enter_context(StopRequests())
         rewards = stack.enter_context(RewardPool(OmegaConf.to_object(cfg.reward)))
         runtime = build_runtime(cfg, policy_dir, run_dir)
         stack.callback(runtime.close)
-        return _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start, capture)
+        record_processes(run_dir)
+        return _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start, capture, stop)
 
 
-def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start: float, capture) -> dict:
+def preflight(cfg: Any, policy_dir: Path) -> None:
+    """What can fail before any process starts, checked first: the learner's layout against the
+    model's config.json (heads, KV heads, FFN, vocabulary, layers) and the runtime, and a cluster
+    address that must answer."""
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.model.arch import load_arch
+    from pc_megatron.weight_sync.sharding import check_divisible
+
+    lc = cfg.learner
+    check_divisible(load_arch(policy_dir), lc.tensor_parallel_size, lc.pipeline_parallel_size)
+    world = lc.tensor_parallel_size * lc.pipeline_parallel_size * lc.data_parallel_size
+    if cfg.runtime == "local" and world > 1:
+        raise ConfigError(f"learner TP x PP x DP = {world} ranks need runtime=ray (runtime=local is one process)")
+    if cfg.runtime == "ray" and cfg.ray.address:
+        from pc_megatron.runtime.ray_runtime import check_reachable
+
+        check_reachable(cfg.ray.address, cfg.ray.connect_timeout_s)
+
+
+def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start: float, capture, stop) -> dict:
     learner, fleet = runtime.learner, runtime.fleet
     B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
     scheduler = Scheduler(OmegaConf.to_object(cfg.scheduler), len(task.train), B, n, seed=cfg.seed)
@@ -104,7 +124,10 @@ def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_
         seed = stream_seed(cfg.seed, step, 0)
         out = evaluate(fleet, tokenizer, task.eval, cfg.eval, rewards, params, seed) if task.eval else {}
         if task.sets:
-            out |= evaluate_sets(fleet, tokenizer, task.sets, cfg.eval, rewards, params, seed)
+            sets = evaluate_sets(fleet, tokenizer, task.sets, cfg.eval, rewards, params, seed)
+            for key in ("eval/reward_timeouts", "eval/reward_errors"):  # counted over every evaluation call
+                sets[key] += out.get(key, 0)
+            out |= sets
             out.setdefault("eval_accuracy", out["eval/mean"])
         if expected_rows:
             mix = dict(cfg.data.synthetic.mix)
@@ -126,10 +149,17 @@ def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_
         metrics.write(row)
         bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.2f}", acc=f"{loop.last_eval_accuracy:.3f}")
         last = step == cfg.steps and capture is None
-        if (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or last:
+        stopping = stop.signum is not None and capture is None
+        scheduled = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
+        if scheduled or last or (stopping and cfg.checkpoint.on_signal):
             loop.step, loop.wall_s = step, wall_at_start + time.time() - t_start
             state = {"scheduler": scheduler.state_dict(), "loop": asdict(loop)}
             save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, policy_dir, learner)
+            record_processes(run_dir)  # the checkpoint writer's helper starts with the first save
+        if stopping and not last:
+            bar.close()
+            metrics.close()
+            raise RunStopped(stop.signum, run_dir, step, saved=bool(scheduled or cfg.checkpoint.on_signal))
     bar.close()
     metrics.close()
     return summarize(cfg, run_dir, wall_at_start + time.time() - t_start)

@@ -18,29 +18,21 @@ from pc_megatron.data.synthetic import split_fields
 from pc_megatron.data.task import Task, cache_root, config_hash
 from pc_megatron.errors import ConfigError
 from pc_megatron.learner import Learner
-from pc_megatron.model.arch import load_arch
-from pc_megatron.model.tiny import create_tiny_model, load_tokenizer
+from pc_megatron.model.resolve import base_model_dir
+from pc_megatron.model.tiny import load_tokenizer
 from pc_megatron.rollout.batch import sft_batch
 
 WARMSTART_FORMAT = 1  # bump when the SFT procedure changes, to invalidate caches
 SHIPPED = Path(__file__).resolve().parent / "assets" / "warmstart"
 
 
-def base_model_dir(cfg: Any) -> Path:
-    """model.path, or the embedded tiny model (created and cached on first use)."""
-    if cfg.model.path:
-        load_arch(cfg.model.path)  # fails early, naming the file, if this is not a usable HF folder
-        return Path(cfg.model.path)
-    base = cache_root(cfg.warmstart.cache_dir) / "init" / config_hash(cfg.model.tiny)
-    if not (base / "model.safetensors").is_file():
-        create_tiny_model(OmegaConf.to_object(cfg.model.tiny), base)
-    return base
-
-
 def warm_start_key(cfg: Any) -> str:
     """Hash of everything that determines the warm-start (portable: no machine paths)."""
-    model = cfg.model.path or cfg.model.tiny
+    model = cfg.model.path or cfg.model.fixture or cfg.model.tiny
     ws = {k: v for k, v in OmegaConf.to_container(cfg.warmstart).items() if k != "cache_dir"}
+    if cfg.data.generator:  # the generated SFT rows, rendered with the recipe's template and instruction
+        data = [cfg.data.generator, cfg.data.word_problems, cfg.data.chat_template, cfg.data.instruction]
+        return config_hash(WARMSTART_FORMAT, model, ws, *data, cfg.learner.micro_batch_size)
     syn = split_fields(OmegaConf.to_object(cfg.data.synthetic))  # the RL pool does not change the SFT rows
     return config_hash(WARMSTART_FORMAT, model, ws, syn, cfg.learner.micro_batch_size)
 
@@ -56,13 +48,14 @@ def initial_policy_dir(cfg: Any) -> Path:
     return cache_root(cfg.warmstart.cache_dir) / "warmstart" / key
 
 
-def ensure_warm_start(cfg: Any, task: Task, progress: bool = True) -> Path:
+def ensure_warm_start(cfg: Any, task: Task, base: Path | None = None, progress: bool = True) -> Path:
+    """The warm-start's HF folder, trained once from ``base`` (default: ``base_model_dir``)."""
     out = initial_policy_dir(cfg)
     if (out / "model.safetensors").is_file() or not cfg.warmstart.enabled:
         return out
     if not task.sft:
         raise ConfigError("warmstart.enabled needs SFT rows: set warmstart.data_path or disable the warm-start")
-    base = base_model_dir(cfg)
+    base = base or base_model_dir(cfg)
     ws = cfg.warmstart
     # the SFT warm-start runs in this process at TP=PP=DP=1 (the model is the embedded one or
     # small enough to fine-tune on one device; large models start RL from model.path as is)

@@ -1,4 +1,5 @@
-"""End to end on the tiny model: GRPO steps, metrics contract, and exact resume after SIGKILL."""
+"""End to end on the tiny model: GRPO steps, metrics contract, exact resume after SIGKILL, and a clean
+stop on SIGTERM (checkpoint, no process left, resume reproduces the run)."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from pc_megatron.config import load_config
@@ -90,12 +92,70 @@ def run_cli(args, cache_dir, **kw):
     return subprocess.Popen([sys.executable, "-m", "pc_megatron.cli", "train", *args], env=env, **kw)
 
 
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run(cache_dir, tmp_path):
-    common = [*SMALL, "steps=6", "checkpoint.every_steps=2", f"out_dir={tmp_path}"]
-    assert run_cli([*common, "name=full"], cache_dir).wait(timeout=600) == 0
-    full = read_metrics(tmp_path / "full")
+INTERRUPTED = [*SMALL, "steps=6", "checkpoint.every_steps=2"]
 
-    proc = run_cli([*common, "name=killed"], cache_dir)
+
+@pytest.fixture(scope="module")
+def uninterrupted(cache_dir, tmp_path_factory):
+    """The 6-step run that an interrupted and resumed one must reproduce."""
+    out = tmp_path_factory.mktemp("full")
+    assert run_cli([*INTERRUPTED, f"out_dir={out}", "name=full"], cache_dir).wait(timeout=600) == 0
+    return read_metrics(out / "full")
+
+
+def run_left_nothing(proc, run_dir) -> list[str]:
+    """What a run started in its own session left alive: processes of its process group, and of the
+    PIDs it recorded in processes.json (the engines, reward workers, the checkpoint writer's helper)."""
+    recorded = [int(p) for p in json.loads((run_dir / "processes.json").read_text())]
+    deadline = time.time() + 15
+    while True:
+        left = []
+        for p in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if p.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                if os.getpgid(p.pid) == proc.pid or p.pid in recorded:
+                    left.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:120]}")
+            except (ProcessLookupError, psutil.Error):
+                continue
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def sigterm_and_resume(extra, tmp_path, cache_dir, full) -> None:
+    """SIGTERM mid-run: out within 30 s with the resume command and a checkpoint of the step it
+    finished, nothing of the run left alive; the resumed run reproduces the uninterrupted metrics."""
+    args = [*INTERRUPTED, *extra, f"out_dir={tmp_path}", "name=termed"]
+    proc = run_cli(args, cache_dir, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "termed" / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None, "run ended before the signal"
+        time.sleep(0.05)
+    t0 = time.time()
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and time.time() - t0 < 30, err[-2000:]
+    step = int(err.split("after step ")[1].split(";")[0])
+    assert f"checkpoint at step {step}" in err and f"pc-megatron train --resume {tmp_path / 'termed'}" in err
+    assert (tmp_path / "termed" / "checkpoints" / "latest").read_text() == f"step_{step:06d}" and step < 6
+    assert run_left_nothing(proc, tmp_path / "termed") == []
+    assert run_cli(["--resume", str(tmp_path / "termed")], cache_dir).wait(timeout=600) == 0
+    resumed = read_metrics(tmp_path / "termed")
+    assert [r["step"] for r in resumed] == [r["step"] for r in full]
+    for a, b in zip(full, resumed, strict=True):
+        assert comparable(a) == comparable(b), f"step {a['step']} differs"
+
+
+def test_sigterm_mid_run_stops_cleanly_and_resume_reproduces_the_run(cache_dir, tmp_path, uninterrupted):
+    sigterm_and_resume([], tmp_path, cache_dir, uninterrupted)
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(cache_dir, tmp_path, uninterrupted):
+    full = uninterrupted
+    common = [*INTERRUPTED, f"out_dir={tmp_path}"]
+    proc = run_cli([*common, "name=killed"], cache_dir, start_new_session=True)
     latest = tmp_path / "killed" / "checkpoints" / "latest"
     deadline = time.time() + 600
     while time.time() < deadline and not (latest.exists() and latest.read_text() >= "step_000004"):
@@ -104,6 +164,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(cache_dir, tmp_pat
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    assert run_left_nothing(proc, tmp_path / "killed") == []  # children die with it, however it ends
     rows_at_kill = read_metrics(tmp_path / "killed")
     assert rows_at_kill[-1]["step"] < 6  # it really was interrupted
 
@@ -190,3 +251,19 @@ def test_compare_runs_every_method_at_every_seed_and_reports_intervals(cache_dir
     again = compare("tiny", over, tmp_path / "cmp", ("grpo", "pilot_commit"), seeds=(0, 1), jobs=2)
     assert again["target"] == result["target"]
     assert (tmp_path / "cmp" / "seed0" / "grpo" / "metrics.jsonl").stat().st_mtime == mtime
+
+
+@pytest.mark.slow  # a Ray instance and a vLLM engine start twice each (~3 min on 2 cores)
+@pytest.mark.parametrize(
+    "extra",
+    [["runtime=ray"], ["rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.125"]],
+    ids=["ray", "vllm"],
+)
+def test_sigterm_under_ray_and_vllm_stops_cleanly_and_resumes(cache_dir, tmp_path, extra):
+    if "rollout.backend=vllm" in extra:
+        pytest.importorskip("vllm")
+    else:
+        pytest.importorskip("ray")
+    full_dir = tmp_path / "full"
+    assert run_cli([*INTERRUPTED, *extra, f"out_dir={full_dir}", "name=full"], cache_dir).wait(timeout=900) == 0
+    sigterm_and_resume(extra, tmp_path / "t", cache_dir, read_metrics(full_dir / "full"))

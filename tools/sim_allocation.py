@@ -17,44 +17,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pc_megatron.scheduler import Sample, Scheduler
 from pc_megatron.scheduler.core import SchedulerConfig
-
-
-class FixedPassRates:
-    """``generate`` for the scheduler: sample i of a request is correct with the prompt's rate."""
-
-    def __init__(self, rates: list[float], seed: int) -> None:
-        self.rates, self.rng = rates, random.Random(seed)
-
-    def __call__(self, requests):
-        return [[Sample(self.rng.random() < self.rates[r.prompt], 0.0, tokens=1) for _ in range(r.n)] for r in requests]
-
-
-def simulate(rates: list[float], cfg: SchedulerConfig, steps: int, B: int, n: int, seed: int) -> dict:
-    sched, gen = Scheduler(cfg, len(rates), B, n, seed), FixedPassRates(rates, seed)
-    groups = mixed = 0
-    for step in range(steps):
-        for batch in [sched.next_batch(step, gen, policy_version=step)]:
-            groups += len(batch.groups)
-            mixed += sum(0 < sum(s.correct for s in g.samples) < len(g.samples) for g in batch.groups)
-    c = sched.counts
-    return {
-        "per_informative_group": c["generated"] / max(mixed, 1),
-        "degenerate_trained": 1 - mixed / max(groups, 1),
-        "epochs": sched.epoch,
-        "generated": c["generated"],
-        "skipped_confident": c["skipped_confident"],
-        "direct_groups": c["direct_groups"],
-        "evicted": c["evicted"],
-    }
+from pc_megatron.scheduler.simulate import simulate
 
 
 def main() -> None:

@@ -36,13 +36,30 @@ def config_hash(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def embedded(cfg: Any) -> bool:
+    """The run trains on the embedded synthetic task (no data files, no generator)."""
+    return not cfg.data.train_path and not cfg.data.generator
+
+
 def prepare_task(cfg: Any) -> Task:
-    """Load (and for the synthetic task, first generate and cache) train / eval / SFT rows."""
+    """Load (and for generated and synthetic tasks, first generate and cache) train / eval / SFT rows."""
+    sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.enabled and cfg.warmstart.data_path else []
     if cfg.data.train_path:
         train = load_rows(cfg.data.train_path)
         held_out = load_rows(cfg.data.eval_path) if cfg.data.eval_path else []  # else eval.sets only
-        sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.enabled and cfg.warmstart.data_path else []
         return Task(train, held_out, sft)
+    if cfg.data.generator:
+        from pc_megatron.data.word_problems import generate_word_problems
+
+        wp = OmegaConf.to_object(cfg.data.word_problems)
+        folder = cache_root(cfg.warmstart.cache_dir) / "tasks" / f"word_problems-{config_hash(wp.__dict__)}"
+        if not all((folder / f"{s}.jsonl").is_file() for s in ("train", "eval", "sft")):
+            for split, rows in generate_word_problems(wp).items():
+                write_jsonl(rows, folder / f"{split}.jsonl")
+        held_out = load_rows(cfg.data.eval_path) if cfg.data.eval_path else load_rows(folder / "eval.jsonl")
+        if cfg.warmstart.enabled and not cfg.warmstart.data_path:
+            sft = load_rows(folder / "sft.jsonl")  # worked examples of the same generator
+        return Task(load_rows(folder / "train.jsonl"), held_out, sft)
     syn = OmegaConf.to_object(cfg.data.synthetic)
     folder = cache_root(cfg.warmstart.cache_dir) / "tasks" / config_hash(split_fields(syn))
     if not all((folder / f"{s}.jsonl").is_file() for s in ("train", "eval", "sft")):

@@ -550,6 +550,9 @@ class Learner:
         checkpoint: every rank writes its shards; collective). Loadable at any TP/PP/DP."""
         from megatron.core import dist_checkpointing
 
+        from pc_megatron.compat.checkpoint_writer import install_results_queue
+
+        install_results_queue()  # its helper process dies with this one, however this one ends
         self.onload()  # the checkpoint holds the optimizer state where training uses it
         path = Path(path)
         if dist.get_rank() == 0:

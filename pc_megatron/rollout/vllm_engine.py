@@ -116,7 +116,10 @@ class VllmEngine:
         if self.on_gpu:
             kwargs.update(gpu_memory_utilization=v.gpu_memory_utilization, enable_sleep_mode=self.sleep_level > 0)
         else:
-            kwargs.update(kv_cache_memory_bytes=int(v.cpu_kv_cache_gb * 2**30))
+            # no chunked prefill on CPU: when a prompt's prefill is split, vLLM 0.32 rewinds the
+            # request's seeded generator (``set_offset``), which a CPU generator does not support, and
+            # the engine dies ("CPU Generator does not use offset"; seen with chat-template prompts)
+            kwargs.update(kv_cache_memory_bytes=int(v.cpu_kv_cache_gb * 2**30), enable_chunked_prefill=False)
         if v.tensor_parallel_size > 1 and not self.on_gpu:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(v.tensor_parallel_size))
             # inside a Ray actor vLLM would pick its Ray executor, which its CPU platform lacks

@@ -66,12 +66,16 @@ class RayConfig:
     paths must stay under 107 characters)."""
     call_timeout_s: float = 3600.0
     """Deadline of one learner call (a step's log-probs or update, a checkpoint)."""
+    connect_timeout_s: float = 60.0
+    """Joining a cluster (ray.address): the head must answer within this many seconds."""
 
     def validate(self) -> None:
         if self.placement not in ("colocated", "split"):
             raise ConfigError(f"ray.placement: '{self.placement}' is not one of colocated, split")
         if self.bundles_per_node < 0 or self.cpus_per_bundle <= 0 or self.call_timeout_s <= 0:
             raise ConfigError("ray.bundles_per_node must be >= 0, ray.cpus_per_bundle and ray.call_timeout_s > 0")
+        if self.connect_timeout_s <= 0:
+            raise ConfigError("ray.connect_timeout_s must be > 0")
 
 
 def _ray():
@@ -115,7 +119,7 @@ def start_ray(rcfg: RayConfig, run_dir: Path, cpus_needed: float) -> None:
         },
     }
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True, "include_dashboard": False}
-    if rcfg.address:
+    if rcfg.address:  # train() has checked that it answers (check_reachable)
         ray.init(address=rcfg.address, **kwargs)
     else:
         import math
@@ -126,6 +130,25 @@ def start_ray(rcfg: RayConfig, run_dir: Path, cpus_needed: float) -> None:
             _temp_dir=_temp_dir(rcfg, run_dir),
             **kwargs,
         )
+
+
+def check_reachable(address: str, timeout_s: float) -> None:
+    """A ``HOST:PORT`` cluster address answers a TCP connection within ``timeout_s``; else one
+    ``ConfigError`` naming the address tried (Ray itself would retry its GCS connection for minutes,
+    silently). ``auto`` is left to Ray, which fails at once when it finds no local cluster."""
+    if address == "auto":
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"ray.address={address!r}: expected HOST:PORT (e.g. 10.0.0.1:6379) or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"no Ray cluster answers at {host}:{port} ({e.strerror or type(e).__name__}, within "
+            f"ray.connect_timeout_s={timeout_s:g} s): start a head node there with `ray start --head "
+            f"--port={port}`, or leave ray.address empty for a Ray instance of this run's own"
+        ) from None
 
 
 def _free_port() -> int:

@@ -1,0 +1,199 @@
+"""``pc-megatron survey RECIPE``: the regime of a recipe's pool under its starting policy, in minutes,
+before a GPU-hour is spent on it.
+
+1. ``k`` rollouts for each of ``m`` prompts drawn from the training pool, through the recipe's own
+   engine and reward (what the run's first step would see).
+2. The pool's pass-rate distribution: a population prior on the adaptive allocator's grid of pass
+   rates (exact 0 and 1 included; dense near both ends), fitted to the prompts' correct counts by
+   EM (``scheduler/belief.py``'s model): prompts never or always solved in ``k`` tries are read
+   in the light of the whole pool, not as exact zeros and ones.
+3. From it: the expected share of degenerate (all-alike) n-sample groups, at the recipe's n and at
+   8, 16, 32, 64; and each allocation policy (grpo, dapo, pilot_commit, adaptive) on a pool of pass
+   rates drawn from the fit, with the recipe's B, n and scheduler settings
+   (``scheduler/simulate.py``): rollouts generated per informative trained group.
+4. Uncertainty: the prompts are resampled (bootstrap), the fit and the simulation redone; intervals
+   are the 2.5-97.5 percentiles. The policy with the fewest rollouts per informative group is
+   favoured only when its ratio to GRPO's stays below 1 across the bootstrap.
+
+The simulation holds the policy still, so it speaks of a run's first epoch; learning moves the pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from pc_megatron.scheduler.belief import _FLAT, GRID
+from pc_megatron.scheduler.core import SchedulerConfig
+from pc_megatron.scheduler.simulate import simulate
+
+POLICIES = ("grpo", "dapo", "pilot_commit", "adaptive")
+NS = (8, 16, 32, 64)
+
+
+def fit_prior(counts: list[tuple[int, int]], iters: int = 300) -> list[float]:
+    """Population prior on ``GRID`` maximising the likelihood of ``(correct, tries)`` per prompt (EM;
+    the binomial coefficient cancels)."""
+    like = [[p**c * (1 - p) ** (k - c) for p in GRID] for c, k in counts]
+    prior = list(_FLAT)
+    for _ in range(iters):
+        acc = [0.0] * len(GRID)
+        for row in like:
+            w = [q * x for q, x in zip(prior, row, strict=True)]
+            total = sum(w) or 1.0
+            for i, x in enumerate(w):
+                acc[i] += x / total
+        prior = [a / len(like) for a in acc]
+    return prior
+
+
+def degenerate_share(prior: list[float], n: int) -> float:
+    """P(an n-sample group is all correct or all wrong) under the fitted prior."""
+    return sum(q * (p**n + (1 - p) ** n) for q, p in zip(prior, GRID, strict=True))
+
+
+def draw_pool(prior: list[float], size: int, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return rng.choices(GRID, weights=prior, k=size)
+
+
+def allocation(prior: list[float], sched: SchedulerConfig, B: int, n: int, steps: int, seed: int) -> dict[str, float]:
+    """Rollouts per informative trained group of each policy on a pool drawn from ``prior``."""
+    rates = draw_pool(prior, max(40 * B, 400), seed)
+    out = {}
+    for policy in POLICIES:
+        cfg = dataclasses.replace(sched, policy=policy)
+        out[policy] = simulate(rates, cfg, steps, B, n, seed)["per_informative_group"]
+    return out
+
+
+def _interval(values: list[float]) -> tuple[float, float]:
+    v = sorted(values)
+    return v[int(0.025 * (len(v) - 1))], v[round(0.975 * (len(v) - 1))]
+
+
+def analyse(counts: list[tuple[int, int]], sched: SchedulerConfig, B: int, n: int, steps: int, boots: int, seed: int):
+    """The fit, the degenerate shares and the allocation figures, each with a bootstrap interval."""
+    prior = fit_prior(counts)
+    point = {
+        "degenerate": {m: degenerate_share(prior, m) for m in sorted({*NS, n})},
+        "per_informative_group": allocation(prior, sched, B, n, steps, seed),
+    }
+    rng = random.Random(seed)
+    samples: dict[str, list[float]] = {}
+    for b in range(boots):
+        resampled = [counts[rng.randrange(len(counts))] for _ in counts]
+        q = fit_prior(resampled, iters=100)
+        samples.setdefault("degenerate", []).append(degenerate_share(q, n))
+        alloc = allocation(q, sched, B, n, steps, seed + 1 + b)
+        for policy, v in alloc.items():
+            samples.setdefault(policy, []).append(v)
+            samples.setdefault(f"{policy}/grpo", []).append(v / alloc["grpo"])
+    intervals = {k: _interval(v) for k, v in samples.items()}
+    ratios = {p: point["per_informative_group"][p] / point["per_informative_group"]["grpo"] for p in POLICIES}
+    best = min(POLICIES, key=lambda p: point["per_informative_group"][p])
+    lo, hi = intervals[f"{best}/grpo"]
+    if best != "grpo" and hi < 1.0:
+        verdict = (
+            f"{best}: {1 / ratios[best]:.2f}x fewer rollouts per informative group than grpo "
+            f"({1 / hi:.2f}-{1 / lo:.2f})"
+        )
+    else:
+        verdict = "no policy is clearly better than grpo here (every ratio's interval reaches 1)"
+    return prior, point, intervals, ratios, verdict
+
+
+def survey(cfg: Any, prompts: int, samples: int, out: Path | None, steps: int = 40, boots: int = 20) -> dict:
+    import torch
+
+    from pc_megatron.prepare import prepare_run
+    from pc_megatron.rewards.pool import RewardPool
+    from pc_megatron.rollout.engines import build_engine
+    from pc_megatron.rollout.worker import encode_prompts, generate_and_score
+
+    t0 = time.time()
+    torch.set_num_threads(cfg.threads)
+    prepared = prepare_run(cfg, progress=cfg.progress)
+    rows = random.Random(cfg.seed).sample(prepared.task.train, min(prompts, len(prepared.task.train)))
+    rc = OmegaConf.to_object(cfg.rollout)
+    engine = build_engine(rc, prepared.policy_dir)
+    try:
+        with RewardPool(OmegaConf.to_object(cfg.reward)) as rewards:
+            tok = prepared.tokenizer
+            completions, scored = generate_and_score(
+                engine, tok, rewards, rows, encode_prompts(tok, rows), samples, rc.sampling(), cfg.seed
+            )
+    finally:
+        engine.close()
+    correct = [0] * len(rows)
+    for c, res in zip(completions, scored.results, strict=True):
+        correct[c.prompt_index] += int(res.correct)
+    counts = [(c, samples) for c in correct]
+    sched = OmegaConf.to_object(cfg.scheduler)
+    B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
+    prior, point, intervals, ratios, verdict = analyse(counts, sched, B, n, steps, boots, cfg.seed)
+    observed = sum(c in (0, samples) for c in correct) / len(correct)
+    result = {
+        "prompts": len(rows),
+        "samples": samples,
+        "rollouts": len(completions),
+        "tokens": sum(len(c.token_ids) for c in completions),
+        "mean_pass_rate": sum(correct) / (len(correct) * samples),
+        "histogram": _histogram(correct, samples),
+        "observed_degenerate_at_k": observed,
+        "fitted_degenerate_at_k": degenerate_share(prior, samples),
+        "prior": dict(zip(map(str, GRID), prior, strict=True)),
+        "degenerate": point["degenerate"],
+        "degenerate_interval_at_n": intervals["degenerate"],
+        "per_informative_group": point["per_informative_group"],
+        "per_informative_group_interval": {p: intervals[p] for p in POLICIES},
+        "ratio_to_grpo": ratios,
+        "ratio_to_grpo_interval": {p: intervals[f"{p}/grpo"] for p in POLICIES},
+        "verdict": verdict,
+        "recipe": {"B": B, "n": n, "pilot_samples": sched.pilot_samples, "steps_simulated": steps},
+        "wall_s": time.time() - t0,
+    }
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "survey.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _histogram(correct: list[int], k: int) -> dict[str, float]:
+    """Shares of prompts by estimated pass rate c/k: 0, (0, 0.1], ... (0.9, 1), 1."""
+    bands = {"0": 0, **{f"<={b / 10:.1f}": 0 for b in range(1, 10)}, "<1": 0, "1": 0}
+    for c in correct:
+        p = c / k
+        key = "0" if c == 0 else "1" if c == k else "<1" if p > 0.9 else f"<={min(int(-(-p * 10 // 1)), 9) / 10:.1f}"
+        bands[key] += 1
+    return {b: v / len(correct) for b, v in bands.items()}
+
+
+def format_survey(res: dict) -> str:
+    n = res["recipe"]["n"]
+    lo, hi = res["degenerate_interval_at_n"]
+    lines = [
+        f"{res['prompts']} prompts x {res['samples']} samples ({res['rollouts']:,} rollouts, {res['tokens']:,} tokens, "
+        f"{res['wall_s']:.0f} s): mean pass rate {res['mean_pass_rate']:.3f}",
+        "estimated pass rates: " + ", ".join(f"{b} {v:.2f}" for b, v in res["histogram"].items()),
+        f"degenerate {res['samples']}-sample groups: observed {res['observed_degenerate_at_k']:.2f}, fitted "
+        f"{res['fitted_degenerate_at_k']:.2f}",
+        "expected degenerate share of n-sample groups (fitted): "
+        + ", ".join(f"n={m}: {v:.2f}" for m, v in res["degenerate"].items())
+        + f"  (n={n}: {lo:.2f}-{hi:.2f})",
+        f"rollouts per informative group (B={res['recipe']['B']}, n={n}, first {res['recipe']['steps_simulated']} "
+        "steps, simulated on the fitted pool):",
+    ]
+    for p in POLICIES:
+        a, b = res["ratio_to_grpo_interval"][p]
+        lines.append(
+            f"  {p:13s} {res['per_informative_group'][p]:7.1f}   x grpo {res['ratio_to_grpo'][p]:.2f} ({a:.2f}-{b:.2f})"
+        )
+    lines.append(f"favoured: {res['verdict']}")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""Faults and bad input, round two: a cluster that does not answer, a checkpoint writer that outlives a
+killed run, a damaged state file, resumes that would rewrite the record, and the smaller checks that
+must come before any process starts. (SIGTERM mid-run: tests/test_train_integration.py.)"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from pc_megatron.cli import main
+from pc_megatron.config import load_config
+from pc_megatron.errors import ConfigError, ModelFileError
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def test_an_unreachable_cluster_is_one_clear_error_before_any_run_folder(tmp_path, capsys):
+    t0 = time.time()
+    rc = main(
+        ["train", "tiny", "runtime=ray", "ray.address=127.0.0.1:1", "ray.connect_timeout_s=5", f"out_dir={tmp_path}"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and time.time() - t0 < 30
+    assert "no Ray cluster answers at 127.0.0.1:1" in err and "ray start --head --port=1" in err
+    assert list(tmp_path.iterdir()) == []  # nothing was started, no run folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _writer_helpers(tiny_model_dir, tmp_path, *flags) -> list[int]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(WORKERS / "checkpoint_writer_worker.py"),
+            str(tiny_model_dir),
+            str(tmp_path / "ckpt"),
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    helpers = [int(p) for p in proc.stdout.readline().split()]
+    assert helpers and all(_alive(p) for p in helpers)
+    proc.kill()  # SIGKILL: no handler, no atexit, nothing of the parent's runs
+    proc.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_alive(p) for p in helpers):
+        time.sleep(0.1)
+    return [p for p in helpers if _alive(p)]
+
+
+def test_the_checkpoint_writers_helper_dies_with_a_killed_run(tiny_model_dir, tmp_path):
+    """Megatron-Core's writer starts a spawn-context manager process on the first save; the learner's
+    replacement asks the kernel to kill it with its parent."""
+    assert _writer_helpers(tiny_model_dir, tmp_path) == []
+
+
+def test_negative_control_megatrons_own_writer_helper_outlives_a_killed_run(tiny_model_dir, tmp_path):
+    left = _writer_helpers(tiny_model_dir, tmp_path, "--megatron-own-queue")
+    for pid in left:  # clean up what the control proves is left behind
+        os.kill(pid, signal.SIGKILL)
+    assert left, "Megatron's own helper died too: the test above could not fail"
+
+
+def test_a_damaged_state_file_gets_the_same_clear_message_as_a_damaged_shard(tmp_path):
+    from pc_megatron.checkpoint import load_latest
+
+    step = tmp_path / "step_000002"
+    step.mkdir()
+    torch.save({"loop": {"step": 2}}, step / "state.pt")
+    (tmp_path / "latest").write_text("step_000002")
+    data = (step / "state.pt").read_bytes()
+    (step / "state.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match=r"state.pt: cannot read .* damaged or incomplete.*checkpoints/latest"):
+        load_latest(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, cache_dir):
+    from test_train_integration import SMALL
+
+    out = tmp_path_factory.mktemp("resume")
+    assert main(["train", "tiny", *SMALL, "steps=2", f"out_dir={out}", "name=run"]) == 0
+    return out / "run"
+
+
+def test_resume_refuses_a_change_the_record_cannot_hold(finished_run, capsys):
+    before = (finished_run / "config.yaml").read_text()
+    assert main(["train", "--resume", str(finished_run), "algo.samples_per_prompt=16", "steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume cannot change algo.samples_per_prompt" in err and "algo.samples_per_prompt=4" in err
+    assert (finished_run / "config.yaml").read_text() == before
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run, capsys):
+    files = {p: p.read_bytes() for p in finished_run.glob("*.json*")}
+    assert main(["train", "--resume", str(finished_run)]) == 0
+    assert "the run is complete (step 2 of 2)" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in finished_run.glob("*.json*")} == files
+
+
+def test_a_safe_change_on_resume_is_logged_with_its_step(finished_run):
+    assert main(["train", "--resume", str(finished_run), "steps=3"]) == 0
+    log = [json.loads(line) for line in (finished_run / "resumes.jsonl").read_text().splitlines()]
+    assert log == [{"after_step": 2, "changes": {"steps": {"was": 2, "now": 3}}}]
+    assert "steps: 3" in (finished_run / "config.yaml").read_text()
+
+
+def test_the_smaller_checks_come_first_and_say_what_is_wrong(tmp_path, tiny_model_dir, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: 3\nlearner:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+:\d+: not valid YAML"):
+        load_config(str(bad))
+    with pytest.raises(ConfigError, match="data.train_path=nowhere.jsonl: no such file"):
+        load_config("tiny", ["data.train_path=nowhere.jsonl"])
+    # a run folder without a checkpoint yet
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("steps: 1\n")
+    assert main(["convert", "--to", "hf", str(run), str(tmp_path / "out")]) == 2
+    assert "has no checkpoint yet" in capsys.readouterr().err
+    # TP 3 does not divide the tiny model's heads: the reason, before "needs runtime=ray" or any process
+    assert main(["train", "tiny", "learner.tensor_parallel_size=3", f"out_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    assert "divide" in err and "runtime=ray" not in err and not (tmp_path / "runs").exists()
+    # the same under runtime=ray: found from config.json, before Ray starts
+    t0 = time.time()
+    assert main(["train", "tiny", "runtime=ray", "learner.tensor_parallel_size=3", f"out_dir={tmp_path / 'r2'}"]) == 2
+    assert time.time() - t0 < 10 and not (tmp_path / "r2").exists()
+
+
+def test_plan_suggests_the_distributed_optimizer_only_where_it_shards():
+    from pc_megatron.plan import plan
+
+    one = plan(
+        load_config("polaris-14b", ["learner.data_parallel_size=1", "learner.distributed_optimizer=false"]), gpu_gib=20
+    )
+    assert one["problems"] and not any("distributed_optimizer" in p for p in one["problems"])
+    many = plan(load_config("polaris-14b", ["learner.distributed_optimizer=false"]), gpu_gib=20)
+    assert any("distributed_optimizer=true" in p for p in many["problems"])
