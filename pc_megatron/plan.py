@@ -40,9 +40,9 @@ GIB = 2**30
 
 
 def model_arch(cfg: Any) -> tuple[ArchSpec, str]:
-    path = cfg.model.path
+    path = cfg.model.path or cfg.model.fixture  # a fixture's card is named after it
     if not path:
-        raise ConfigError("plan is for recipes with model.path (an HF model); the tiny CPU recipe needs no plan")
+        raise ConfigError("plan is for recipes with model.path or model.fixture; the tiny CPU recipe needs no plan")
     if (Path(path) / "config.json").is_file():
         return load_arch(path), str(Path(path) / "config.json")
     card = CARDS / f"{Path(path).name}.json"
