@@ -34,6 +34,7 @@ from typing import Any
 from pc_megatron.errors import ConfigError
 from pc_megatron.model.arch import ArchSpec, arch_from_file, load_arch
 from pc_megatron.weight_sync.routes import Slot, layout_slots, plan_routes
+from pc_megatron.weight_sync.sharding import check_divisible
 
 CARDS = Path(__file__).resolve().parent / "assets" / "arch"
 GIB = 2**30
@@ -104,8 +105,7 @@ def plan(cfg: Any, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict:
     a, source = model_arch(cfg)
     lc, rc, v = cfg.learner, cfg.rollout, cfg.rollout.vllm
     tp, pp, dp = lc.tensor_parallel_size, lc.pipeline_parallel_size, lc.data_parallel_size
-    if a.num_layers % pp:
-        raise ConfigError(f"{a.num_layers} layers do not split into learner.pipeline_parallel_size={pp} stages")
+    check_divisible(a, tp, pp)  # a layout the model cannot take is the first thing to say
     n = param_counts(a)
     per_stage = a.num_layers // pp
     # the first stage holds the embedding; the last the output layer (a tied one keeps a copy there)

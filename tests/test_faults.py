@@ -150,3 +150,11 @@ def test_plan_suggests_the_distributed_optimizer_only_where_it_shards():
     assert one["problems"] and not any("distributed_optimizer" in p for p in one["problems"])
     many = plan(load_config("polaris-14b", ["learner.distributed_optimizer=false"]), gpu_gib=20)
     assert any("distributed_optimizer=true" in p for p in many["problems"])
+
+
+def test_plan_names_the_dimension_a_tensor_parallel_size_does_not_divide():
+    """Qwen3-14B has 8 KV heads: TP 3 was reported as a missing weight route, never as the real reason."""
+    from pc_megatron.plan import plan
+
+    with pytest.raises(ConfigError, match="tensor-parallel size 3 does not divide the model's num_key_value_heads=8"):
+        plan(load_config("polaris-14b", ["learner.tensor_parallel_size=3"]))

@@ -71,6 +71,37 @@ def test_evaluation_samples_with_the_rollout_stop_tokens(cache_dir):
     assert plain["eval_accuracy"] > 0.2 and stopped["eval_accuracy"] == 0.0
 
 
+def test_evaluation_counts_the_rewards_that_timed_out_or_raised(cache_dir, monkeypatch):
+    """A held-out accuracy that falls because the reward failed must say so, as a training row does."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from pc_megatron.data.task import prepare_task
+    from pc_megatron.evaluate import evaluate
+    from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.rewards import RewardConfig
+    from pc_megatron.rewards.pool import RewardPool
+    from pc_megatron.rollout.base import SamplingParams
+    from pc_megatron.rollout.engines import build_engine
+    from pc_megatron.warmstart import initial_policy_dir
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "workers"))  # the pool hands sys.path to its workers
+    cfg = load_config("tiny", ["eval.temperature=0"])
+    policy = initial_policy_dir(cfg)
+    tok = load_tokenizer(policy)
+    eval_rows = prepare_task(cfg).eval
+    rows = [r for r in eval_rows if r.answer[-1] in "37"][:4] + [r for r in eval_rows if r.answer[-1] in "0"][:4]
+    engine = build_engine(OmegaConf.to_object(cfg.rollout), policy)
+    reward = RewardConfig(function="rewards_for_tests:fails_on_some_answers", workers=2, timeout_s=0.5)
+    reward.on_error, reward.max_failure_frac = "count", 0.6
+    with RewardPool(reward) as rewards:
+        out = evaluate(engine, tok, rows, cfg.eval, rewards, SamplingParams(max_new_tokens=8), seed=0)
+    hangs = sum(r.answer.endswith("3") for r in rows)
+    assert 0 < hangs < 4, [r.answer for r in rows]  # both kinds of failure are in the set
+    assert out["eval/reward_timeouts"] == hangs and out["eval/reward_errors"] == 4 - hangs
+
+
 def test_expected_accuracy_is_the_exact_pass_rate_over_a_disjoint_held_out_set(cache_dir):
     """eval_expected_accuracy: the learner's teacher-forced P(answer + EOS) at the sampling
     temperature equals the HF model's (pools.answer_pass_rates, itself checked against 400

@@ -22,3 +22,13 @@ def scored(completion: str, answer: str) -> float:
 def always_hangs(completion: str, answer: str) -> bool:
     time.sleep(600)
     return False
+
+
+def fails_on_some_answers(completion: str, answer: str) -> bool:
+    """Hangs on references ending in 3, raises on those ending in 7, else exact: a reward that fails on
+    known prompts whatever the policy writes."""
+    if answer.endswith("3"):
+        time.sleep(600)
+    if answer.endswith("7"):
+        raise ValueError("cannot parse")
+    return completion.strip() == answer
