@@ -84,6 +84,12 @@ class AlgoConfig:
     """Prompts (groups, with all their rollouts) per optimizer step: the batch's groups are cut in
     order into mini-batches of this many, one step each (verl's ppo_mini_batch_size, in prompts);
     0 = all of the step's prompts in one optimizer step."""
+    mini_batch_rollouts: int = 0
+    """Rollouts per optimizer step instead (0 = off; excludes mini_batch_size): the batch's rollouts
+    cut in order every this many, a group possibly straddling two (advantages come from whole groups
+    first). The paper's public recipe sizes its PPO mini-batch this way from the commit size (32
+    prompts x n_c), so a Pilot-Commit step, which trains n_p + n_c rollouts a prompt, takes more
+    optimizer steps than GRPO's; this reproduces that sizing where an experiment must."""
     epochs: int = 1
     """Passes over the step's mini-batches (PPO epochs); each pass takes every mini-batch again."""
     loss: LossConfig = field(default_factory=LossConfig)
@@ -305,6 +311,10 @@ def validate(cfg: Any) -> None:
         raise ConfigError("algo.loss.clip_low must be in [0, 1) and clip_high >= 0")
     if cfg.algo.mini_batch_size < 0:
         raise ConfigError("algo.mini_batch_size must be >= 0 (prompts per optimizer step; 0 = the whole batch)")
+    if cfg.algo.mini_batch_rollouts < 0:
+        raise ConfigError("algo.mini_batch_rollouts must be >= 0 (rollouts per optimizer step; 0 = off)")
+    if cfg.algo.mini_batch_rollouts and cfg.algo.mini_batch_size:
+        raise ConfigError("algo.mini_batch_size and algo.mini_batch_rollouts both size the mini-batch: set one of them")
     positive("algo.epochs", cfg.algo.epochs)
     OmegaConf.to_object(loss).validate()
     if cfg.algo.old_logprobs not in ("fused", "separate"):

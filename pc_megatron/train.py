@@ -188,6 +188,7 @@ def _step(cfg, step: int, scheduler: Scheduler, rollouts: Rollouts, runtime, los
             separate_old_logprobs=cfg.algo.old_logprobs == "separate",
             mini_batch_size=cfg.algo.mini_batch_size,
             epochs=cfg.algo.epochs,
+            mini_batch_rollouts=cfg.algo.mini_batch_rollouts,
         )
         with times("sync"):
             row |= runtime.sync_weights()

@@ -15,6 +15,8 @@ from test_model_families import make_hf_model
 from test_parallel import torchrun
 
 from pc_megatron.algo import LossConfig
+from pc_megatron.config import load_config
+from pc_megatron.errors import ConfigError
 from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
 from pc_megatron.weight_sync.sharding import unshard
 
@@ -224,3 +226,22 @@ def test_two_epochs_take_every_mini_batch_twice(ragged_model):
     rec = _Recording(Learner(ragged_model, LearnerConfig(lr=1e-3), seed=0))
     out = rl_update(rec, None, groups, prompts, tok, LossConfig(), 1.0, PhaseTimes(), mini_batch_size=2, epochs=2)
     assert out["learner/optimizer_steps"] == 4 == rec.learner.version
+
+
+def test_mini_batches_sized_in_rollouts_take_the_public_recipes_extra_steps(ragged_model):
+    """The paper's public recipe sizes a mini-batch as 32 prompts x n_c rollouts. Pilot-Commit trains
+    n_p + n_c rollouts a prompt, so the same batch of prompts takes more optimizer steps than GRPO's:
+    here 4 prompts of 2 + 4 rollouts, mini-batches of 2 x 4 rollouts: 3 steps where 2 prompts a
+    mini-batch take 2. A group may straddle two mini-batches; every row is trained once."""
+    from pc_megatron.algo.update import mini_batches, rl_update
+    from pc_megatron.rollout.worker import PhaseTimes
+
+    groups, prompts, tok = _groups(4, 6)
+    parts = mini_batches(groups, 0, mini_batch_rollouts=8)
+    assert [len(p) for p in parts] == [8, 8, 8] and torch.equal(torch.cat(parts), torch.arange(24))
+    assert [len(p) for p in mini_batches(groups, 2)] == [12, 12]
+    rec = _Recording(Learner(ragged_model, LearnerConfig(lr=1e-3), seed=0))
+    out = rl_update(rec, None, groups, prompts, tok, LossConfig(), 1.0, PhaseTimes(), mini_batch_rollouts=8)
+    assert out["learner/optimizer_steps"] == 3 == rec.learner.version
+    with pytest.raises(ConfigError, match="set one of them"):
+        load_config("tiny", ["algo.mini_batch_size=2", "algo.mini_batch_rollouts=8"])

@@ -6,9 +6,10 @@ The learner computes the old log-probs itself rather than trusting the engine's 
 verl and slime). With one optimizer step per batch the old policy *is* the current one, so by
 default (``algo.old_logprobs=fused``) they come from the update's own forward, detached, instead
 of a separate forward pass. With several steps (``algo.mini_batch_size`` below the batch's prompts,
-or ``algo.epochs > 1``) the old policy is the one before the first step: a separate forward pass
-computes the old log-probs once, and the later steps' ratios move away from 1, where the clip acts.
-Mini-batches are consecutive groups in the scheduler's order, the same order in every epoch.
+``algo.mini_batch_rollouts`` below its rollouts, or ``algo.epochs > 1``) the old policy is the one
+before the first step: a separate forward pass computes the old log-probs once, and the later steps'
+ratios move away from 1, where the clip acts. Mini-batches are consecutive groups (or rollouts) in
+the scheduler's order, the same order in every epoch.
 The engine's log-probs serve only to measure agreement (``logprob_mismatch``, on rollouts sampled
 with the weights being trained; buffered pilots came from an older policy and differ by design)
 and, with ``algo.loss.tis_cap``, as the behaviour policy of truncated importance sampling.
@@ -30,10 +31,12 @@ from pc_megatron.scheduler import Group
 _MEANS = ("loss", "grad_norm", "clipfrac", "entropy", "kl", "tis_weight_mean", "tis_truncated_frac", "lr")
 
 
-def mini_batches(groups: list[Group], mini_batch_size: int) -> list[torch.Tensor]:
+def mini_batches(groups: list[Group], mini_batch_size: int, mini_batch_rollouts: int = 0) -> list[torch.Tensor]:
     """Row indices of each mini-batch of ``mini_batch_size`` groups (0 = all in one), rows of a group
-    kept together, groups in order."""
+    kept together, groups in order; or, with ``mini_batch_rollouts``, every that many rows in order."""
     sizes = [len(g.samples) for g in groups]
+    if mini_batch_rollouts:
+        return list(torch.arange(sum(sizes)).split(mini_batch_rollouts))
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     per = mini_batch_size or len(groups)
     return [
@@ -54,6 +57,7 @@ def rl_update(
     separate_old_logprobs: bool = False,
     mini_batch_size: int = 0,
     epochs: int = 1,
+    mini_batch_rollouts: int = 0,
 ) -> dict[str, float]:
     """Train ``learner`` (a ``LearnerRole``) on ``groups``; returns the update's metrics."""
     samples = [s for g in groups for s in g.samples]
@@ -61,7 +65,7 @@ def rl_update(
     rewards = torch.tensor([s.reward for s in samples])
     correct = torch.tensor([s.correct for s in samples])
     group_ids = torch.cat([torch.full((len(g.samples),), i) for i, g in enumerate(groups)])
-    parts = mini_batches(groups, mini_batch_size)
+    parts = mini_batches(groups, mini_batch_size, mini_batch_rollouts)
     several = len(parts) * epochs > 1
     with times("logprob"):
         batch, engine_logp = completions_to_batch(
