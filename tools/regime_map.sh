@@ -3,7 +3,7 @@
 # adaptive allocator on prompt pools from few to most degenerate groups, three seeds each, with
 # one recipe for every method and level (nothing tuned per method or per pool).
 #
-#   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate small grid n64 default
+#   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate small grid n64 confound default
 #
 # Each level is one `pc-megatron compare` (two runs at a time); a finished run is reused and a cut
 # one resumed, so the script can be run again after an interruption.
@@ -66,6 +66,22 @@ for level in $LEVELS; do
             # shellcheck disable=SC2086
             pc-megatron compare tiny $MAP $GRADED70 algo.samples_per_prompt=64 algo.prompts_per_step=8 \
                 --methods grpo pilot_commit --seeds $SEEDS --jobs 2 --out "$OUT/graded70-n64"
+            continue ;;
+        confound)  # #25: the public recipe sizes the PPO mini-batch from n_c (32 prompts x n_c rollouts), so a
+            # Pilot-Commit step takes more optimizer steps than GRPO's. At the n64 level with 2-prompt
+            # mini-batches: GRPO 512 / 128 = 4 steps; Pilot-Commit at equal steps (2 prompts) 4, at the
+            # recipe's sizing (2 x 48 = 96 rollouts) ceil(512 / 96) = 6. GRPO is reused by both.
+            N64="algo.samples_per_prompt=64 algo.prompts_per_step=8"
+            # shellcheck disable=SC2086
+            pc-megatron compare tiny $MAP $GRADED70 $N64 algo.mini_batch_size=2 --methods grpo pilot_commit \
+                --seeds $SEEDS --jobs 2 --out "$OUT/confound-equal"
+            for s in $SEEDS; do
+                mkdir -p "$OUT/confound-recipe/seed$s"
+                ln -sfn "$(realpath "$OUT/confound-equal/seed$s/grpo")" "$OUT/confound-recipe/seed$s/grpo"
+            done
+            # shellcheck disable=SC2086
+            pc-megatron compare tiny $MAP $GRADED70 $N64 algo.mini_batch_rollouts=96 --methods grpo pilot_commit \
+                --seeds $SEEDS --jobs 2 --out "$OUT/confound-recipe"
             continue ;;
         default)  # the default recipe (n = 8, B = 64, lr 1e-4): Pilot-Commit with the recipe's defaults
             # shellcheck disable=SC2086
