@@ -23,7 +23,7 @@ from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.tiny import TinyModelConfig
 from pc_megatron.rewards import RewardConfig
 from pc_megatron.rollout.base import RolloutConfig
-from pc_megatron.runtime.ray_runtime import RayConfig
+from pc_megatron.runtime.ray_cluster import RayConfig
 from pc_megatron.scheduler import SchedulerConfig
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"

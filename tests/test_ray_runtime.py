@@ -132,7 +132,7 @@ def test_an_engine_call_past_its_deadline_is_one_clear_error(cache_dir, tmp_path
 def test_broadcast_needs_runtime_ray_and_split_engines_never_sleep():
     from pc_megatron.errors import ConfigError
     from pc_megatron.rollout.base import RolloutConfig, VllmConfig
-    from pc_megatron.runtime.ray_runtime import engine_config
+    from pc_megatron.runtime.ray_cluster import engine_config
 
     with pytest.raises(ConfigError, match="needs runtime=ray"):  # runtime=local: nothing to broadcast to
         load_config("tiny", ["rollout.weight_sync.transport=broadcast"])
@@ -143,7 +143,7 @@ def test_broadcast_needs_runtime_ray_and_split_engines_never_sleep():
 
 def test_an_engine_replica_never_spans_nodes():
     from pc_megatron.errors import ConfigError
-    from pc_megatron.runtime.ray_runtime import Bundle, replica_slices
+    from pc_megatron.runtime.ray_cluster import Bundle, replica_slices
 
     pg_a, pg_b = object(), object()
     bundles = [Bundle(pg_a, 0, "10.0.0.1"), Bundle(pg_a, 1, "10.0.0.1"), Bundle(pg_b, 0, "10.0.0.2")]

@@ -8,7 +8,8 @@ talks to the first two through ``Runtime``:
 
 - ``runtime=local``: one process, no Ray (the CPU default): a ``Learner`` and one engine.
 - ``runtime=ray``: learner ranks and engine replicas as Ray actors placed on per-node
-  placement groups (``runtime/ray_runtime.py``); the driver needs no GPU.
+  placement groups (``runtime/ray_runtime.py``; the cluster and placement in
+  ``runtime/ray_cluster.py``); the driver needs no GPU.
 """
 
 from __future__ import annotations
