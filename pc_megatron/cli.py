@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -78,8 +79,6 @@ def _checkpoint_step(run_dir: Path) -> int | None:
 def _log_resume(run_dir: Path, step: int, changes: dict) -> None:
     """Each accepted change of a resume, with the step it takes effect after, in ``resumes.jsonl``
     (``config.yaml`` is rewritten with the new values when the run starts)."""
-    import json
-
     entry = {"after_step": step, "changes": {k: {"was": a, "now": b} for k, (a, b) in changes.items()}}
     with open(run_dir / "resumes.jsonl", "a") as f:
         f.write(json.dumps(entry) + "\n")
@@ -140,17 +139,21 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _survey(args: argparse.Namespace) -> int:
     from pc_megatron.config import load_config
-    from pc_megatron.survey import format_survey, survey
+    from pc_megatron.survey import format_against, format_survey, observed, survey
 
-    cfg = load_config(*_recipe_and_overrides(args))
-    res = survey(cfg, args.prompts, args.samples, Path(args.out) if args.out else None, args.steps, args.bootstrap)
+    if args.load:
+        res = json.loads(Path(args.load).read_text())
+    else:
+        cfg = load_config(*_recipe_and_overrides(args))
+        res = survey(cfg, args.prompts, args.samples, Path(args.out) if args.out else None, args.steps, args.bootstrap)
     print(format_survey(res))
+    if args.against:
+        steps = res["recipe"]["steps_simulated"]
+        print(format_against(res, [observed(Path(r), steps) for r in args.against]))
     return 0
 
 
 def _score(args: argparse.Namespace) -> int:
-    import json
-
     from pc_megatron.rewards import RewardConfig
     from pc_megatron.rewards.offline import score_file
 
@@ -239,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     p_sv.add_argument("--steps", type=int, default=40, help="steps of each policy simulated on the fitted pool")
     p_sv.add_argument("--bootstrap", type=int, default=20, help="resamples of the prompts for the intervals")
     p_sv.add_argument("--out", metavar="DIR", help="write survey.json here")
+    p_sv.add_argument("--load", metavar="FILE", help="print a saved survey.json instead of sampling again")
+    p_sv.add_argument(
+        "--against", nargs="+", metavar="RUN", help="runs of the recipe: their first --steps steps beside the forecast"
+    )
     p_sv.set_defaults(func=_survey)
     p_sc = sub.add_parser("score", help="score a JSONL of id/completion/answer rows with a reward, offline")
     p_sc.add_argument("file", help="JSONL rows with id, completion, answer")

@@ -165,6 +165,47 @@ def survey(cfg: Any, prompts: int, samples: int, out: Path | None, steps: int = 
     return result
 
 
+def observed(run_dir: Path, steps: int) -> dict[str, Any]:
+    """What a run's first ``steps`` steps measured, in the survey's terms: its policy, the share of
+    trained groups that were all alike, and rollouts generated per informative (mixed) trained group."""
+    from pc_megatron.observability import read_metrics
+
+    policy = OmegaConf.load(run_dir / "config.yaml").scheduler.policy
+    rows = [r for r in read_metrics(run_dir) if 0 < r["step"] <= steps and "trained_groups" in r]
+    if not rows:
+        raise ValueError(f"{run_dir}: no training steps in metrics.jsonl")
+    groups = sum(r["trained_groups"] for r in rows)
+    alike = sum(r["trained_groups"] * (r["frac_all_correct"] + r["frac_all_wrong"]) for r in rows)
+    generated = sum(r["sched/step_generated"] for r in rows)
+    return {
+        "run": str(run_dir),
+        "policy": policy,
+        "steps": len(rows),
+        "degenerate_trained": alike / groups,
+        "per_informative_group": generated / max(groups - alike, 1e-9),
+    }
+
+
+def format_against(res: dict, runs: list[dict]) -> str:
+    """The survey's predictions beside what runs measured (the prediction of degenerate groups is for
+    GRPO's groups of n; Pilot-Commit trains filtered groups, so only its rollouts compare)."""
+    n = res["recipe"]["n"]
+    lines = ["predicted against measured (first steps of each run):"]
+    for o in runs:
+        p = o["policy"]
+        a, b = res["per_informative_group_interval"][p]
+        deg = ""
+        if p == "grpo":
+            lo, hi = res["degenerate_interval_at_n"]
+            share = {int(m): v for m, v in res["degenerate"].items()}[n]  # JSON keys are strings
+            deg = f"; degenerate n={n} groups {share:.2f} ({lo:.2f}-{hi:.2f}) vs {o['degenerate_trained']:.2f}"
+        lines.append(
+            f"  {p:13s} {o['steps']} steps of {o['run']}: rollouts per informative group "
+            f"{res['per_informative_group'][p]:.1f} ({a:.1f}-{b:.1f}) vs {o['per_informative_group']:.1f}{deg}"
+        )
+    return "\n".join(lines)
+
+
 def _histogram(correct: list[int], k: int) -> dict[str, float]:
     """Shares of prompts by estimated pass rate c/k: 0, (0, 0.1], ... (0.9, 1), 1."""
     bands = {"0": 0, **{f"<={b / 10:.1f}": 0 for b in range(1, 10)}, "<1": 0, "1": 0}

@@ -1,0 +1,99 @@
+"""``pc-megatron survey``: the fit of a pool's pass rates, what it predicts, and the comparison with runs."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from omegaconf import OmegaConf
+
+from pc_megatron.config import load_config
+from pc_megatron.survey import analyse, degenerate_share, fit_prior, format_against, observed
+
+
+def _counts(rates: list[float], k: int, seed: int) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    return [(sum(rng.random() < p for _ in range(k)), k) for p in rates]
+
+
+def test_the_fit_recovers_the_degenerate_share_that_raw_counts_overstate():
+    """A pool of 40% hopeless, 30% solved and 30% coin-flip prompts, 8 tries each: the raw share of
+    all-alike groups at k = 8 counts the coin flips' lucky runs; the fit's share at n = 32 must be near
+    the true 0.70 while the raw counts, read as pass rates, would say far more prompts are hopeless or
+    solved than are."""
+    rates = [0.0] * 400 + [1.0] * 300 + [0.5] * 300
+    truth = {n: 0.7 + 0.3 * 2 * 0.5**n for n in (8, 32)}
+    counts = _counts(rates, 8, seed=0)
+    prior = fit_prior(counts)
+    for n, want in truth.items():
+        assert degenerate_share(prior, n) == pytest.approx(want, abs=0.03), n
+    raw_alike = sum(c in (0, 8) for c, _ in counts) / len(counts)
+    assert raw_alike > truth[32]  # reading counts as rates overstates it at larger n
+
+
+def test_no_policy_is_favoured_on_a_pool_without_degenerate_groups():
+    counts = _counts([0.5] * 200, 16, seed=1)
+    sched = OmegaConf.to_object(load_config("tiny").scheduler)
+    *_, ratios, verdict = analyse(counts, sched, B=8, n=8, steps=10, boots=4, seed=0)
+    assert verdict.startswith("no policy is clearly better") and ratios["grpo"] == 1.0
+
+
+def test_a_pool_of_mostly_hopeless_prompts_favours_filtering():
+    """80% hopeless prompts at n = 8: GRPO spends most rollouts on all-wrong groups; the allocators
+    that pilot or skip such prompts need fewer rollouts per informative group (simulated: adaptive
+    about 0.4x, Pilot-Commit about 0.7x), and the survey says which, clearly."""
+    counts = _counts([0.0] * 800 + [0.4] * 200, 16, seed=2)
+    sched = OmegaConf.to_object(load_config("tiny").scheduler)
+    _, _, intervals, ratios, verdict = analyse(counts, sched, B=8, n=8, steps=40, boots=6, seed=0)
+    assert ratios["pilot_commit"] < 0.9 and ratios["adaptive"] < 0.6 and intervals["adaptive/grpo"][1] < 1.0
+    assert verdict.startswith("adaptive:") and "fewer rollouts per informative group than grpo" in verdict
+
+
+def _fake_run(tmp_path, policy: str, rows: list[dict]):
+    run = tmp_path / policy
+    run.mkdir()
+    OmegaConf.save(load_config("tiny", [f"scheduler.policy={policy}"]), run / "config.yaml")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_observed_reads_a_runs_first_steps_in_the_surveys_terms(tmp_path):
+    rows = [
+        {"step": 0, "eval_accuracy": 0.3},
+        {"step": 1, "trained_groups": 8, "frac_all_correct": 0.25, "frac_all_wrong": 0.25, "sched/step_generated": 64},
+        {"step": 2, "trained_groups": 8, "frac_all_correct": 0.0, "frac_all_wrong": 0.5, "sched/step_generated": 64},
+        {"step": 3, "trained_groups": 8, "frac_all_correct": 0.0, "frac_all_wrong": 0.0, "sched/step_generated": 64},
+    ]
+    got = observed(_fake_run(tmp_path, "grpo", rows), steps=2)
+    assert got["steps"] == 2 and got["degenerate_trained"] == 0.5
+    assert got["per_informative_group"] == 128 / 8  # 16 groups, 8 of them mixed
+    res = {
+        "recipe": {"n": 8},
+        "degenerate": {"8": 0.45},
+        "degenerate_interval_at_n": [0.4, 0.5],
+        "per_informative_group": {"grpo": 15.0},
+        "per_informative_group_interval": {"grpo": [13.0, 17.0]},
+    }
+    text = format_against(res, [got])
+    assert "rollouts per informative group 15.0 (13.0-17.0) vs 16.0" in text
+    assert "degenerate n=8 groups 0.45 (0.40-0.50) vs 0.50" in text
+
+
+def test_survey_of_the_tiny_recipe_then_against_a_run(tmp_path, cache_dir, capsys):
+    """The command end to end on the embedded task: sample, fit, simulate, save; then print the saved
+    survey beside a run without sampling again."""
+    from pc_megatron.cli import main
+
+    out = tmp_path / "sv"
+    args = ["survey", "tiny", "--prompts", "24", "--samples", "8", "--steps", "4", "--bootstrap", "2"]
+    assert main([*args, "--out", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert "24 prompts x 8 samples (192 rollouts" in first and "favoured:" in first
+    res = json.loads((out / "survey.json").read_text())
+    assert sum(res["histogram"].values()) == pytest.approx(1.0)
+    rows = [dict(step=1, trained_groups=4, frac_all_correct=0.5, frac_all_wrong=0.0, **{"sched/step_generated": 32})]
+    run = _fake_run(tmp_path, "grpo", rows)
+    assert main(["survey", "--load", str(out / "survey.json"), "--against", str(run)]) == 0
+    again = capsys.readouterr().out
+    assert again.startswith(first.splitlines()[0]) and "vs 16.0; degenerate n=" in again
