@@ -39,6 +39,15 @@ class MetricsLog:
         self.tb.close()
 
 
+EVAL_COUNTERS = ("eval/reward_timeouts", "eval/reward_errors")
+
+
+def benchmark_keys(rows: list[dict]) -> list[str]:
+    """The ``eval/<name>`` accuracies of ``eval.sets`` (and ``eval/mean``) in metric rows; not the
+    evaluation's reward-failure counters, which share the prefix."""
+    return sorted({k for r in rows for k in r if k.startswith("eval/") and k not in EVAL_COUNTERS})
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -109,7 +118,7 @@ def summarize(cfg, run_dir: Path, wall_s: float) -> dict:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     label = POLICY_LABELS.get(cfg.scheduler.policy, cfg.scheduler.policy)
     if evals:
-        sets = sorted({k for r in evals for k in r if k.startswith("eval/")})  # eval.sets, and their mean
+        sets = benchmark_keys(evals)  # eval.sets, and their mean
         curves = {label: eval_curve(rows)} | {k[5:]: [(r["cum_rollouts"], r[k]) for r in evals if k in r] for k in sets}
         plot_accuracy(curves, run_dir / "eval_accuracy.png")
     table = [

@@ -15,7 +15,7 @@ import itertools
 from pathlib import Path
 
 from pc_megatron.errors import UserError
-from pc_megatron.observability import read_metrics
+from pc_megatron.observability import benchmark_keys, read_metrics
 
 WASTE = ("wasted_filtered", "wasted_flushed", "wasted_surplus", "wasted_degenerate")
 
@@ -53,7 +53,7 @@ def _wall(rows: list[dict]) -> list[float]:
 def _panel_accuracy(ax, runs, x: str) -> None:
     for (name, rows), color in zip(runs.items(), itertools.cycle(f"C{i}" for i in range(10)), strict=False):
         wall = _wall(rows)
-        benchmarks = sorted({k for r in rows for k in r if k.startswith("eval/") and k != "eval/mean"})
+        benchmarks = [k for k in benchmark_keys(rows) if k != "eval/mean"]
         keys = [("eval_accuracy", "-", "held-out"), ("eval_expected_accuracy", "--", "expected")]
         keys += [(k, ":", k[5:]) for k in benchmarks]  # eval.sets, one line each (their mean is eval_accuracy)
         for key, style, tag in keys:

@@ -49,3 +49,12 @@ def test_allocation_splits_trained_rollouts_by_whether_their_group_could_teach()
     ]
     assert _trained_degenerate(rows) == 48  # 3/4 of step 1's groups had one reward for all
     assert _smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+
+
+def test_the_evaluations_reward_counters_are_not_plotted_as_benchmarks():
+    """eval/reward_timeouts and eval/reward_errors share the eval/ prefix of eval.sets' accuracies: the
+    report drew them as accuracy curves at zero."""
+    from pc_megatron.observability import benchmark_keys
+
+    rows = [{"step": 0, "eval/gsm8k": 0.4, "eval/mean": 0.4, "eval/reward_timeouts": 0, "eval/reward_errors": 1}]
+    assert benchmark_keys(rows) == ["eval/gsm8k", "eval/mean"]
