@@ -86,15 +86,22 @@ def save_checkpoint(
     return final
 
 
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The checkpoint folder ``ckpt_root/latest`` names (the newest complete one), or None."""
+    latest = ckpt_root / "latest"
+    return ckpt_root / latest.read_text().strip() if latest.is_file() else None
+
+
 def load_latest(ckpt_root: Path) -> tuple[dict, Path] | None:
     """``(loop state, checkpoint folder)`` of the newest complete checkpoint, or None."""
-    latest = ckpt_root / "latest"
-    if not latest.is_file():
+    folder = latest_checkpoint(ckpt_root)
+    if folder is None:
         return None
-    folder = ckpt_root / latest.read_text().strip()
     path = folder / "state.pt"
     if not path.is_file():
-        raise ModelFileError(f"{path}: checkpoint named by {latest} is missing; the run directory was modified")
+        raise ModelFileError(
+            f"{path}: checkpoint named by {ckpt_root / 'latest'} is missing; the run directory was modified"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # a truncated or overwritten file: torch's reader names only itself

@@ -69,11 +69,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_step(run_dir: Path) -> int | None:
-    latest = run_dir / "checkpoints" / "latest"
-    if not latest.is_file():
-        return None
-    name = latest.read_text().strip()
-    return int(name.split("_")[-1]) if name.startswith("step_") else None
+    from pc_megatron.checkpoint import latest_checkpoint
+
+    folder = latest_checkpoint(run_dir / "checkpoints")
+    return int(folder.name.split("_")[-1]) if folder is not None and folder.name.startswith("step_") else None
 
 
 def _log_resume(run_dir: Path, step: int, changes: dict) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from pc_megatron.checkpoint import copy_hf_side_files
+from pc_megatron.checkpoint import copy_hf_side_files, latest_checkpoint
 from pc_megatron.errors import ModelFileError, UserError
 from pc_megatron.learner.learner import CHECKPOINT_META, read_checkpoint_meta
 from pc_megatron.model.arch import ArchSpec, arch_from_hf_config, load_arch
@@ -115,8 +115,8 @@ def hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, tp: int = 1, pp: int
 def _megatron_source(src: Path) -> tuple[ArchSpec, Path, Iterator[tuple[str, torch.Tensor]]]:
     """(arch, folder with the HF side files, full Megatron tensors one at a time) of a shard
     folder, a training checkpoint or a run directory."""
-    if (src / "checkpoints" / "latest").is_file():  # a run directory: its latest checkpoint
-        src = src / "checkpoints" / (src / "checkpoints" / "latest").read_text().strip()
+    if (latest := latest_checkpoint(src / "checkpoints")) is not None:  # a run directory: its latest checkpoint
+        src = latest
     elif (src / "config.yaml").is_file():
         raise ModelFileError(
             f"{src}: this run has no checkpoint yet (no checkpoints/latest): convert it once it has saved one "

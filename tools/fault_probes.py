@@ -178,8 +178,10 @@ def damaged_copies(run: Path, work: Path) -> None:
 
 
 def latest_step(run: Path) -> Path:
-    """The checkpoint folder ``checkpoints/latest`` names."""
-    return run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    """The checkpoint folder a run's ``checkpoints/latest`` names."""
+    from pc_megatron.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(run / "checkpoints")
 
 
 def judge(p: Probe, rc: int, out: str, seconds: float, left: list[str]) -> tuple[bool, str]:

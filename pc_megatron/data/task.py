@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,27 +49,28 @@ def prepare_task(cfg: Any) -> Task:
         train = load_rows(cfg.data.train_path)
         held_out = load_rows(cfg.data.eval_path) if cfg.data.eval_path else []  # else eval.sets only
         return Task(train, held_out, sft)
+    tasks = cache_root(cfg.warmstart.cache_dir) / "tasks"
     if cfg.data.generator:
         from pc_megatron.data.word_problems import generate_word_problems
 
         wp = OmegaConf.to_object(cfg.data.word_problems)
-        folder = cache_root(cfg.warmstart.cache_dir) / "tasks" / f"word_problems-{config_hash(wp.__dict__)}"
-        if not all((folder / f"{s}.jsonl").is_file() for s in ("train", "eval", "sft")):
-            for split, rows in generate_word_problems(wp).items():
-                write_jsonl(rows, folder / f"{split}.jsonl")
+        folder = _cached_splits(tasks / f"word_problems-{config_hash(wp.__dict__)}", lambda: generate_word_problems(wp))
         held_out = load_rows(cfg.data.eval_path) if cfg.data.eval_path else load_rows(folder / "eval.jsonl")
-        if cfg.warmstart.enabled and not cfg.warmstart.data_path:
-            sft = load_rows(folder / "sft.jsonl")  # worked examples of the same generator
-        return Task(load_rows(folder / "train.jsonl"), held_out, sft)
-    syn = OmegaConf.to_object(cfg.data.synthetic)
-    folder = cache_root(cfg.warmstart.cache_dir) / "tasks" / config_hash(split_fields(syn))
+    else:
+        syn = OmegaConf.to_object(cfg.data.synthetic)
+        folder = _cached_splits(tasks / config_hash(split_fields(syn)), lambda: generate_splits(syn))
+        held_out = load_rows(folder / "eval.jsonl")
+    if cfg.warmstart.enabled and not cfg.warmstart.data_path:
+        sft = load_rows(folder / "sft.jsonl")  # worked examples of the same generator
+    return Task(load_rows(folder / "train.jsonl"), held_out, sft)
+
+
+def _cached_splits(folder: Path, make: Callable[[], dict[str, list[PromptRow]]]) -> Path:
+    """``folder`` holding ``train``/``eval``/``sft.jsonl``, written by ``make`` the first time."""
     if not all((folder / f"{s}.jsonl").is_file() for s in ("train", "eval", "sft")):
-        for split, rows in generate_splits(syn).items():
+        for split, rows in make().items():
             write_jsonl(rows, folder / f"{split}.jsonl")
-    sft = []
-    if cfg.warmstart.enabled:
-        sft = load_rows(cfg.warmstart.data_path or folder / "sft.jsonl")
-    return Task(load_rows(folder / "train.jsonl"), load_rows(folder / "eval.jsonl"), sft)
+    return folder
 
 
 def expected_eval_set(cfg: Any, task: Task) -> list[PromptRow]:
