@@ -138,7 +138,7 @@ def survey(cfg: Any, prompts: int, samples: int, out: Path | None, steps: int = 
     sched = OmegaConf.to_object(cfg.scheduler)
     B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
     prior, point, intervals, ratios, verdict = analyse(counts, sched, B, n, steps, boots, cfg.seed)
-    observed = sum(c in (0, samples) for c in correct) / len(correct)
+    alike = sum(c in (0, samples) for c in correct) / len(correct)
     result = {
         "prompts": len(rows),
         "samples": samples,
@@ -146,7 +146,7 @@ def survey(cfg: Any, prompts: int, samples: int, out: Path | None, steps: int = 
         "tokens": sum(len(c.token_ids) for c in completions),
         "mean_pass_rate": sum(correct) / (len(correct) * samples),
         "histogram": _histogram(correct, samples),
-        "observed_degenerate_at_k": observed,
+        "observed_degenerate_at_k": alike,
         "fitted_degenerate_at_k": degenerate_share(prior, samples),
         "prior": dict(zip(map(str, GRID), prior, strict=True)),
         "degenerate": point["degenerate"],
