@@ -10,7 +10,9 @@ GRPO's seed-mean curve (as in the paper, GRPO's best, but without one seed's noi
 given; each seed's own GRPO best is reported too. Per method: rollouts to target (mean and 95%
 interval over seeds, how many seeds reached it), the ratio to GRPO's and to DAPO's, and the area
 under the accuracy-vs-rollouts curve up to the rollouts every run reached (the mean accuracy
-over that budget). Writes ``compare.json``, ``compare.md`` and ``compare.png``.
+over that budget). Beside them, figures paired by seed that do not hinge on one point of one curve
+(``paired``: AUC and accuracy gain at equal rollouts, rollouts to a fraction of the best gain and to
+GRPO's final accuracy). Writes ``compare.json``, ``compare.md`` and ``compare.png``.
 """
 
 from __future__ import annotations
@@ -65,6 +67,91 @@ def area(points: list[tuple[float, float]], budget: float) -> float:
             x1 = budget
         total += (x1 - x0) * (y0 + y1) / 2
     return total / budget
+
+
+def value_at(points: list[tuple[float, float]], x: float) -> float | None:
+    """Accuracy at ``x`` rollouts on the linearly interpolated curve; None past its last point."""
+    if not points or x > points[-1][0] + 1e-9:
+        return None
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1:
+            return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def ratio_interval(values: list[float]) -> dict[str, Any]:
+    """Geometric mean of positive ratios and a 95% t-interval on their logs: a ratio's interval
+    stays positive and is symmetric in "1.5x fewer" and "1.5x more" (a plain t-interval of three
+    ratios reached below zero in the regime map)."""
+    logs = interval([math.log(v) for v in values])
+    if logs["mean"] is None:
+        return logs
+    return {
+        "mean": math.exp(logs["mean"]),
+        "ci95": [math.exp(v) for v in logs["ci95"]] if logs["ci95"] else None,
+        "n": logs["n"],
+    }
+
+
+def paired(
+    curves: dict[tuple[str, int], list[tuple[float, float]]],
+    methods: tuple[str, ...],
+    seeds: tuple[int, ...],
+    base: str = "grpo",
+    fraction: float = 0.5,
+) -> dict[str, Any]:
+    """Each method against ``base`` at the same seed (same pool order, same held-out set), by
+    figures that do not hinge on one point of one curve:
+
+    - ``auc_gain``: mean accuracy over the first B rollouts minus the base's, B being the fewest
+      rollouts any run made (equal rollouts for all);
+    - ``final_gain``: accuracy at B rollouts minus the base's at B;
+    - ``to_fraction``: the base's rollouts over the method's to reach start + ``fraction`` x the
+      best method's mean gain at B (> 1: the method needs fewer);
+    - ``to_base_final``: the same ratio to the base's final accuracy at that seed (the issue's
+      "reaches GRPO's final accuracy with fewer rollouts").
+
+    A ratio is taken at the seeds where both runs reached the target (``reached`` counts them);
+    its interval is over their logs. Differences are paired by seed, t-intervals.
+    """
+    budget = min(c[-1][0] for c in curves.values())
+    gains = {m: statistics.mean(value_at(curves[m, s], budget) - curves[m, s][0][1] for s in seeds) for m in methods}
+    best = max(gains.values())
+    out: dict[str, Any] = {
+        "base": base,
+        "budget_rollouts": budget,
+        "fraction": fraction,
+        "mean_gain": gains,
+        "best_gain": best,
+        "methods": {},
+    }
+    for m in methods:
+        if m == base:
+            continue
+        auc, final, frac, fin = [], [], [], []
+        reached = {"to_fraction": 0, "to_base_final": 0}
+        for s in seeds:
+            cm, cb = curves[m, s], curves[base, s]
+            auc.append(area(cm, budget) - area(cb, budget))
+            final.append(value_at(cm, budget) - value_at(cb, budget))
+            for name, target, into in (
+                ("to_fraction", cb[0][1] + fraction * best, frac),
+                ("to_base_final", cb[-1][1], fin),
+            ):
+                rb, rm = rollouts_to(cb, target), rollouts_to(cm, target)
+                # a target at or below the start is reached at 0 rollouts by both: no ratio
+                if rb and rm:
+                    reached[name] += 1
+                    into.append(rb / rm)
+        out["methods"][m] = {
+            "auc_gain": interval(auc),
+            "final_gain": interval(final),
+            "to_fraction": {**ratio_interval(frac), "reached": f"{reached['to_fraction']}/{len(seeds)}"},
+            "to_base_final": {**ratio_interval(fin), "reached": f"{reached['to_base_final']}/{len(seeds)}"},
+        }
+    return out
 
 
 def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
@@ -229,6 +316,8 @@ def compare(
                 result[f"{m}_vs_{base}_auc_gain"] = (
                     per[m]["auc"]["mean"] - per[base]["auc"]["mean"] if per[m]["auc"]["mean"] is not None else None
                 )
+    if "grpo" in methods:
+        result["paired"] = paired({k: curve(v, key) for k, v in rows.items()}, tuple(methods), seeds)
     (out / "compare.json").write_text(json.dumps(result, indent=2))
     (out / "compare.md").write_text(to_markdown(result))
     curves = {POLICY_LABELS.get(m, m): mean_curve([curve(rows[m, s], key) for s in seeds]) for m in methods}
@@ -273,4 +362,25 @@ def to_markdown(result: dict) -> str:
             f"| {vs[0]} | {vs[1]} | {_iv(s['auc'], '.4f')} | {_iv(s['peak'], '.4f')} | {_iv(s['greedy_peak'], '.3f')} "
             f"| {_iv(s['degenerate_frac_mean'], '.2f')} |"
         )
+    if "paired" in result:
+        lines += ["", paired_markdown(result["paired"])]
     return "\n".join(lines) + "\n"
+
+
+def paired_markdown(p: dict) -> str:
+    """The paired figures (``paired``) as a table."""
+    lines = [
+        f"Against {p['base']} at the same seed, at equal rollouts B = {p['budget_rollouts']:,.0f}; best mean gain "
+        f"by B {p['best_gain']:+.4f}. Ratios: {p['base']}'s rollouts over the method's (> 1: fewer), geometric "
+        "mean over the seeds where both reached the target.",
+        "",
+        f"| method | AUC gain | accuracy gain at B | to {p['fraction']:.0%} of best gain | reached "
+        f"| to {p['base']}'s final | reached |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m, r in p["methods"].items():
+        lines.append(
+            f"| {m} | {_iv(r['auc_gain'], '+.4f')} | {_iv(r['final_gain'], '+.4f')} | {_iv(r['to_fraction'], '.2f')} "
+            f"| {r['to_fraction']['reached']} | {_iv(r['to_base_final'], '.2f')} | {r['to_base_final']['reached']} |"
+        )
+    return "\n".join(lines)

@@ -244,6 +244,8 @@ def test_compare_runs_every_method_at_every_seed_and_reports_intervals(cache_dir
         assert m["auc"]["n"] == 2 and m["auc"]["ci95"][0] <= m["auc"]["mean"] <= m["auc"]["ci95"][1]
         assert set(m["per_seed"]) == {0, 1}
     assert "pilot_commit_vs_grpo" in result and "grpo_vs_pilot_commit" not in result
+    pc = result["paired"]["methods"]["pilot_commit"]  # paired by seed at equal rollouts
+    assert set(result["paired"]["methods"]) == {"pilot_commit"} and pc["auc_gain"]["n"] == 2
     for name in ("compare.json", "compare.md", "compare.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 100
     # finished runs are reused, not redone

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pc_megatron.compare import area, curve, interval
+from pc_megatron.compare import curve, paired
 from pc_megatron.observability import POLICY_LABELS, read_metrics
 
 LEVELS = [
@@ -43,13 +44,17 @@ def level_rows(folder: Path) -> dict:
     result = json.loads((folder / "compare.json").read_text())
     seeds, methods = result["seeds"], list(result["methods"])
     runs = {(m, s): read_metrics(folder / f"seed{s}" / m) for m in methods for s in seeds}
-    budget = min(rows[-1]["cum_rollouts"] for rows in runs.values())
     grpo = result["methods"]["grpo"]
+    # the paired figures for each accuracy every run has (the real model's runs: greedy only)
+    keys = [k for k in ("eval_expected_accuracy", "eval_accuracy") if all(curve(r, k) for r in runs.values())]
+    pair = {k: paired({ms: curve(r, k) for ms, r in runs.items()}, tuple(methods), tuple(seeds)) for k in keys}
     out = {
         "level": folder.name,
         "seeds": seeds,
+        "metric": keys[0],
         "target": result["target"],
-        "budget": budget,
+        "budget": pair[keys[0]]["budget_rollouts"],
+        "best_gain": pair[keys[0]]["best_gain"],
         "grpo_degenerate": grpo["degenerate_frac_mean"],
         "grpo_rollouts": grpo["rollouts_to_target"],
         "methods": {},
@@ -57,19 +62,20 @@ def level_rows(folder: Path) -> dict:
     for m in methods:
         if m == "grpo":
             continue
-        gains = {}
-        for key in ("eval_expected_accuracy", "eval_accuracy"):
-            diffs = [area(curve(runs[m, s], key), budget) - area(curve(runs["grpo", s], key), budget) for s in seeds]
-            gains[key] = interval(diffs)
         last = {s: runs[m, s][-1] for s in seeds}
+        main = pair[keys[0]]["methods"][m]
         out["methods"][m] = {
             "ratio": result.get(f"{m}_vs_grpo"),
             # each seed's GRPO rollouts to its own best over the method's to that target
             "ratio_per_seed": result["methods"][m].get("grpo_over_method_per_seed_target"),
             "reached": result["methods"][m]["rollouts_to_target"]["reached"],
             "rollouts": result["methods"][m]["rollouts_to_target"],
-            "gain_expected": gains["eval_expected_accuracy"],
-            "gain_greedy": gains["eval_accuracy"],
+            "gain_expected": pair.get("eval_expected_accuracy", {}).get("methods", {}).get(m, {}).get("auc_gain"),
+            "gain_greedy": pair["eval_accuracy"]["methods"][m]["auc_gain"] if "eval_accuracy" in pair else None,
+            "auc_gain": main["auc_gain"],
+            "final_gain": main["final_gain"],
+            "to_fraction": main["to_fraction"],
+            "to_grpo_final": main["to_base_final"],
             "rollouts_per_update": statistics.mean(last[s]["cum_rollouts"] / last[s]["step"] for s in seeds),
             "degenerate": result["methods"][m]["degenerate_frac_mean"],
         }
@@ -87,18 +93,31 @@ def _iv(d: dict | None, spec: str) -> str:
 
 def to_markdown(levels: list[dict]) -> str:
     lines = [
-        "| level | GRPO degenerate share | method | rollouts per update (GRPO: 512) "
-        "| rollouts to target, GRPO / method | reached | AUC gain, expected acc. | AUC gain, greedy acc. |",
-        "|---|---|---|---|---|---|---|---|",
+        "Ratios: GRPO's rollouts over the method's (> 1: the method needs fewer). \"To GRPO's best\": the "
+        "paper's metric (target: best point of GRPO's seed-mean curve). The rest are paired by seed at equal "
+        "rollouts B (the fewest any run of the level made): AUC gain (mean accuracy over [0, B]), accuracy "
+        "gain at B, rollouts to start + 50% of the best method's mean gain at B, and rollouts to GRPO's final "
+        "accuracy at that seed (geometric mean over the seeds where both runs reached it). 95% intervals over "
+        "seeds. Accuracy: the exact expected accuracy where the runs have it, else greedy.",
+        "",
+        "| level | GRPO degenerate share | method | rollouts per update | to GRPO's best | AUC gain "
+        "| AUC gain, greedy | gain at B | to 50% of best gain | to GRPO's final |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def reached(d: dict) -> str:
+        return f"{_iv(d, '.2f')} ({d['reached']})"
+
     for lv in levels:
         for m, r in lv["methods"].items():
             ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-            ratio += f" (per seed {_iv(r['ratio_per_seed'], '.2f')})" if r.get("ratio_per_seed") else ""
+            ratio += f" ({r['reached']})"
+            greedy = _iv(r["gain_greedy"], "+.3f") if lv["metric"] != "eval_accuracy" else "(the same)"
             lines.append(
                 f"| {lv['level']} | {_iv(lv['grpo_degenerate'], '.2f')} | {POLICY_LABELS.get(m, m)} "
-                f"| {r['rollouts_per_update']:,.0f} | {ratio} | {r['reached']} "
-                f"| {_iv(r['gain_expected'], '+.4f')} | {_iv(r['gain_greedy'], '+.3f')} |"
+                f"| {r['rollouts_per_update']:,.0f} | {ratio} | {_iv(r['auc_gain'], '+.4f')} "
+                f"| {greedy} | {_iv(r['final_gain'], '+.4f')} "
+                f"| {reached(r['to_fraction'])} | {reached(r['to_grpo_final'])} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -128,18 +147,18 @@ def plot(levels: list[dict], path: Path) -> None:
             if m in lv["methods"] and shown(lv["level"], m)
         ]
         color = f"C{k}"
-        for n64 in (False, True):  # n = 64 (16 + 48) apart from the n = 32 levels: another marker, no line
-            sel = sorted((p for p in pts if p[2].endswith("-n64") == n64), key=lambda p: p[0])
+        for big in (False, True):  # n = 64 or 128 ('-n64', '-n128') apart from n = 32: another marker, no line
+            sel = sorted((p for p in pts if bool(re.search(r"-n\d+", p[2])) == big), key=lambda p: p[0])
             if not sel:
                 continue
             xs = [p[0] + 0.006 * (k - 1) for p in sel]  # a small offset so the bars do not overlap
-            g = [p[1]["gain_expected"] for p in sel]
+            g = [p[1]["auc_gain"] for p in sel]
             yerr = (
                 [[x["mean"] - x["ci95"][0] for x in g], [x["ci95"][1] - x["mean"] for x in g]]
                 if all(x["ci95"] for x in g)
                 else None
             )
-            marker, label = ("s", f"{POLICY_LABELS.get(m, m)}, n = 64") if n64 else ("o", POLICY_LABELS.get(m, m))
+            marker, label = ("s", f"{POLICY_LABELS.get(m, m)}, n >= 64") if big else ("o", POLICY_LABELS.get(m, m))
             ax1.errorbar(
                 xs,
                 [x["mean"] for x in g],
@@ -160,7 +179,7 @@ def plot(levels: list[dict], path: Path) -> None:
                 label=label,
             )
             for x, p in zip(xs, sel, strict=True):
-                ax1.annotate(p[2], (x, p[1]["gain_expected"]["mean"]), fontsize=6, alpha=0.6)
+                ax1.annotate(p[2], (x, p[1]["auc_gain"]["mean"]), fontsize=6, alpha=0.6)
             for x, y, name in ratios:
                 ax2.annotate(name, (x, y), fontsize=6, alpha=0.6)
             per_seed = [(x, p[1]["ratio_per_seed"]) for x, p in zip(xs, sel, strict=True) if p[1]["ratio_per_seed"]]
@@ -181,7 +200,7 @@ def plot(levels: list[dict], path: Path) -> None:
                 )
     ax1.axhline(0, color="gray", linewidth=1)
     ax1.set_xlabel("GRPO's degenerate-group share (mean over updates)")
-    ax1.set_ylabel("AUC gain over GRPO, expected accuracy\n(paired by seed, 95% interval)")
+    ax1.set_ylabel("AUC gain over GRPO at equal rollouts\n(paired by seed, 95% interval)")
     ax2.axhline(1, color="gray", linewidth=1)
     ax2.set_ylim(0, 2.5)  # three-seed t-intervals of a ratio reach below 0; the axis shows what a ratio can be
     ax2.set_xlabel("GRPO's degenerate-group share (mean over updates)")
