@@ -3,19 +3,26 @@
 # adaptive allocator on prompt pools from few to most degenerate groups, three seeds each, with
 # one recipe for every method and level (nothing tuned per method or per pool).
 #
-#   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate small grid n64 confound default
+#   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate small grid n64 n128 confound
+#                                              # grpo-lr default
+#   SEEDS="0 1 2 3 4" MAP_STEPS=200 MAP_LR=6e-5 bash tools/regime_map.sh OUT n64 n128   # the #25 benchmark's knobs
 #
+# SEEDS, MAP_STEPS and MAP_LR change the recipe of every level alike (give such a run its own OUT:
+# a finished run in OUT is reused whatever its recipe was).
 # Each level is one `pc-megatron compare` (two runs at a time); a finished run is reused and a cut
 # one resumed, so the script can be run again after an interruption.
 set -euo pipefail
 OUT=${1:?usage: tools/regime_map.sh OUT [LEVEL ...]}
 shift
 LEVELS=${*:-graded70 easy hard graded40 dapo ablate small n64 default}
-SEEDS="0 1 2"
+SEEDS=${SEEDS:-0 1 2}
+STEPS=${MAP_STEPS:-80}
+LR=${MAP_LR:-3e-5}
 # n = 32, B = 16 (512 rollouts per GRPO step); lr 3e-5: at the tiny recipe's 1e-4, GRPO lowered the
 # held-out accuracy on the graded pool within 20 steps (so did B = 32, and no std normalisation)
-MAP="algo.samples_per_prompt=32 algo.prompts_per_step=16 steps=80 learner.lr=3e-5 learner.min_lr=1e-5
-     learner.lr_warmup_steps=10 learner.lr_decay_steps=80 eval.every_steps=10 checkpoint.every_steps=20"
+MAP="algo.samples_per_prompt=32 algo.prompts_per_step=16 steps=$STEPS learner.lr=$LR
+     learner.min_lr=$(python -c "print($LR / 3)") learner.lr_warmup_steps=10 learner.lr_decay_steps=$STEPS
+     eval.every_steps=$((STEPS / 8)) checkpoint.every_steps=20"
 GRADED70="data.synthetic.pool=graded data.synthetic.hopeless_frac=0.45 data.synthetic.solved_frac=0.25"
 GRADED40="data.synthetic.pool=graded data.synthetic.hopeless_frac=0.25 data.synthetic.solved_frac=0.15"
 for level in $LEVELS; do
@@ -65,7 +72,21 @@ for level in $LEVELS; do
         n64)  # n = 64 as 16 + 48, B = 8 (the same 512 rollouts per GRPO step)
             # shellcheck disable=SC2086
             pc-megatron compare tiny $MAP $GRADED70 algo.samples_per_prompt=64 algo.prompts_per_step=8 \
-                --methods grpo pilot_commit --seeds $SEEDS --jobs 2 --out "$OUT/graded70-n64"
+                --methods grpo pilot_commit adaptive --seeds $SEEDS --jobs 2 --out "$OUT/graded70-n64"
+            continue ;;
+        n128)  # n = 128 as 32 + 96 (the paper's 1.5B split), B = 4: the same 512 rollouts per GRPO step
+            # shellcheck disable=SC2086
+            pc-megatron compare tiny $MAP $GRADED70 algo.samples_per_prompt=128 algo.prompts_per_step=4 \
+                --methods grpo pilot_commit adaptive --seeds $SEEDS --jobs 2 --out "$OUT/graded70-n128"
+            continue ;;
+        grpo-lr)  # #25: GRPO alone at the n64 shape at three learning rates, to find one at which it keeps
+            # improving over the run (the benchmark then uses that one for every method)
+            for lr in 3e-5 6e-5 1e-4; do
+                # shellcheck disable=SC2086
+                pc-megatron compare tiny $MAP $GRADED70 algo.samples_per_prompt=64 algo.prompts_per_step=8 \
+                    learner.lr=$lr "learner.min_lr=$(python -c "print($lr / 3)")" --methods grpo --seeds $SEEDS \
+                    --jobs 2 --out "$OUT/grpo-lr$lr"
+            done
             continue ;;
         confound)  # #25: the public recipe sizes the PPO mini-batch from n_c (32 prompts x n_c rollouts), so a
             # Pilot-Commit step takes more optimizer steps than GRPO's. At the n64 level with 2-prompt
