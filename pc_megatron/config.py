@@ -80,6 +80,14 @@ class AlgoConfig:
     optimizer step per batch: the old policy is the current one; saves a forward pass),
     'separate' = a forward-only pass before the update (the textbook order; same result). With
     several optimizer steps per batch the separate pass is always made."""
+    skip_zero_advantage: bool = True
+    """Leave the rows whose advantage is zero (every row of an all-alike group) out of the
+    learner's forward and backward: their policy-gradient term is zero, so the update is the same
+    (the loss is still divided by the whole mini-batch's units) at a fraction of the compute when
+    many groups are degenerate. Only when nothing else acts on them (algo.loss.kl_coef and
+    entropy_coef 0); at least one row per data-parallel rank is kept so every optimizer step is
+    taken. Training statistics (entropy, clip fraction, log-prob mismatch) then cover the rows
+    trained."""
     mini_batch_size: int = 0
     """Prompts (groups, with all their rollouts) per optimizer step: the batch's groups are cut in
     order into mini-batches of this many, one step each (verl's ppo_mini_batch_size, in prompts);

@@ -189,6 +189,8 @@ def _step(cfg, step: int, scheduler: Scheduler, rollouts: Rollouts, runtime, los
             mini_batch_size=cfg.algo.mini_batch_size,
             epochs=cfg.algo.epochs,
             mini_batch_rollouts=cfg.algo.mini_batch_rollouts,
+            skip_zero_advantage=cfg.algo.skip_zero_advantage,
+            min_rows=cfg.learner.data_parallel_size,
         )
         with times("sync"):
             row |= runtime.sync_weights()

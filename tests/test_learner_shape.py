@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensor_checks import scaled_error
+from tensor_checks import assert_close_to_scale, scaled_error
 from test_model_families import make_hf_model
 from test_parallel import torchrun
 
@@ -245,3 +245,57 @@ def test_mini_batches_sized_in_rollouts_take_the_public_recipes_extra_steps(ragg
     assert out["learner/optimizer_steps"] == 3 == rec.learner.version
     with pytest.raises(ConfigError, match="set one of them"):
         load_config("tiny", ["algo.mini_batch_size=2", "algo.mini_batch_rollouts=8"])
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_rows_of_all_alike_groups_skipped_give_the_same_step_at_less_compute(ragged_model, agg):
+    """algo.skip_zero_advantage: two of four groups all alike (advantage 0). Leaving their rows out
+    of the forward and backward gives the weights the full batch gives (the loss keeps the whole
+    batch's divisor), and trains half the tokens."""
+    from pc_megatron.algo.update import rl_update
+    from pc_megatron.rollout.worker import PhaseTimes
+
+    groups, prompts, tok = _groups(4, 4)
+    for g, value in ((groups[1], 1.0), (groups[3], 0.0)):
+        for s in g.samples:
+            s.reward, s.correct = value, bool(value)
+    loss = LossConfig(agg=agg)
+    results = {}
+    for skip in (False, True):
+        learner = Learner(ragged_model, LearnerConfig(lr=1e-3, clip_grad=0.0, max_tokens_per_micro_batch=64), seed=0)
+        out = rl_update(learner, None, groups, prompts, tok, loss, 1.0, PhaseTimes(), skip_zero_advantage=skip)
+        # the step's gradients (Adam's first step amplifies float noise where a gradient is ~0: compare these)
+        results[skip] = (out, {n: p.main_grad.clone() for n, p in learner.module.named_parameters()})
+    (full, g_full), (skipped, g_skip) = results[False], results[True]
+    assert skipped["loss"] == pytest.approx(full["loss"], rel=1e-5)
+    for n, g in g_full.items():
+        assert_close_to_scale(g_skip[n], g, 1e-5, n)
+    assert max(float(g.abs().max()) for g in g_full.values()) > 0
+    # half the rows trained: fewer micro-batches (64-token budget) for the same step
+    assert skipped["learner/micro_batches"] < full["learner/micro_batches"]
+    # the negative control: the same rows trained without the whole batch's divisor differ
+    learner = Learner(ragged_model, LearnerConfig(lr=1e-3, clip_grad=0.0, max_tokens_per_micro_batch=64), seed=0)
+    from pc_megatron.algo.advantages import group_advantages
+    from pc_megatron.rollout.batch import completions_to_batch
+
+    batch, _ = completions_to_batch(prompts, [s.payload for g in groups for s in g.samples], 0)
+    rewards = torch.tensor([s.reward for g in groups for s in g.samples])
+    adv = group_advantages(rewards, torch.arange(4).repeat_interleave(4), True)
+    rows = torch.cat([torch.arange(0, 4), torch.arange(8, 12)])
+    learner.train_rl(batch.rows(rows), None, adv[rows], loss, 1.0)
+    name = "decoder.layers.0.mlp.linear_fc1.weight"
+    assert scaled_error(learner.module.get_parameter(name).main_grad, g_full[name]) > 1e-2
+
+
+def test_rows_to_train_keeps_one_row_per_data_parallel_rank():
+    from pc_megatron.algo.update import _rows_to_train
+
+    part = torch.arange(4, 12)
+    adv = torch.zeros(16)
+    adv[9] = 0.5
+    mask = torch.ones(16, 10)
+    mask[7, 3:] = 0  # the shortest zero-advantage row
+    assert _rows_to_train(part, adv, mask, 1).tolist() == [9]
+    assert _rows_to_train(part, adv, mask, 2).tolist() == [7, 9]  # topped up with the shortest
+    assert _rows_to_train(part, torch.zeros(16), mask, 2).tolist() == [4, 7]
+    assert len(_rows_to_train(torch.arange(1), torch.zeros(16), mask, 2)) == 1

@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from pc_megatron.algo.advantages import group_advantages
-from pc_megatron.algo.loss import LossConfig
+from pc_megatron.algo.loss import LossConfig, aggregation_weights
 from pc_megatron.rollout.batch import completions_to_batch, group_stats, logprob_mismatch
 from pc_megatron.rollout.worker import PhaseTimes
 from pc_megatron.scheduler import Group
@@ -58,8 +58,15 @@ def rl_update(
     mini_batch_size: int = 0,
     epochs: int = 1,
     mini_batch_rollouts: int = 0,
+    skip_zero_advantage: bool = False,
+    min_rows: int = 1,
 ) -> dict[str, float]:
-    """Train ``learner`` (a ``LearnerRole``) on ``groups``; returns the update's metrics."""
+    """Train ``learner`` (a ``LearnerRole``) on ``groups``; returns the update's metrics.
+
+    ``skip_zero_advantage``: rows with a zero advantage (all-alike groups) stay out of the forward
+    and backward when nothing but the policy-gradient term acts on them (no KL, no entropy bonus);
+    the loss keeps the whole mini-batch's divisor, so the step is the one without skipping, and at
+    least ``min_rows`` rows (the data-parallel size) are trained so each optimizer step happens."""
     samples = [s for g in groups for s in g.samples]
     completions = [dataclasses.replace(s.payload, prompt_index=i) for i, g in enumerate(groups) for s in g.samples]
     rewards = torch.tensor([s.reward for s in samples])
@@ -75,11 +82,16 @@ def rl_update(
         ref_logp = ref_learner.logprobs(batch, temperature) if ref_learner else None
     version_before = learner.version
     updates: list[dict] = []
+    trained = torch.zeros(len(samples), dtype=torch.bool)
     with times("train"):
         adv = group_advantages(rewards, group_ids, loss_cfg.normalize_adv_by_std)
         behaviour = engine_logp if loss_cfg.tis_cap > 0 else None
+        skip = skip_zero_advantage and loss_cfg.kl_coef == 0 and loss_cfg.entropy_coef == 0
+        row_units = aggregation_weights(batch.loss_mask.sum(1), loss_cfg.agg, loss_cfg.norm_tokens or 1)[1]
         for _ in range(epochs):
-            for rows in parts:
+            for part in parts:
+                rows = _rows_to_train(part, adv, batch.loss_mask, min_rows) if skip else part
+                trained[rows] = True
                 updates.append(
                     learner.train_rl(
                         batch.rows(rows),
@@ -89,14 +101,18 @@ def rl_update(
                         temperature,
                         _pick(ref_logp, rows),
                         _pick(behaviour, rows),
+                        units_scale=float(row_units[rows].sum() / row_units[part].sum().clamp(min=1e-12)),
                     )
                 )
     times.carve("train", "optimizer", sum(u.pop("time_optimizer_s") for u in updates))
-    if old_logp is None:
-        old_logp = updates[0].pop("old_logp")
-    # old_logp came from the weights before the first step
+    if old_logp is None:  # fused: the one step's own forward, over the rows it trained
+        own = updates[0].pop("old_logp")
+        old_logp = torch.zeros(batch.loss_mask.shape)
+        old_logp[trained, : own.shape[1]] = own
+    # old_logp came from the weights before the first step; rows left untrained have none to compare
     fresh = torch.tensor([s.policy_version == version_before for s in samples], dtype=torch.float32)
-    mismatch, mismatch_max = logprob_mismatch(old_logp, engine_logp, batch.loss_mask * fresh[:, None])
+    measured = fresh * (trained.float() if not several else 1.0)
+    mismatch, mismatch_max = logprob_mismatch(old_logp, engine_logp, batch.loss_mask * measured[:, None])
     group_size = len(groups[0].samples)
     means = {k: sum(u[k] for u in updates) / len(updates) for k in _MEANS if k in updates[0]}
     return {
@@ -112,6 +128,18 @@ def rl_update(
         **means,
         **pass_metrics(learner, ref_learner, times),
     }
+
+
+def _rows_to_train(part: torch.Tensor, adv: torch.Tensor, loss_mask: torch.Tensor, min_rows: int) -> torch.Tensor:
+    """``part``'s rows with a nonzero advantage and a trained token, topped up with its shortest
+    other rows to ``min_rows`` (their gradient is zero: they only let every rank take the step)."""
+    live = (adv[part] != 0) & (loss_mask[part].sum(1) > 0)
+    keep = part[live]
+    if len(keep) < min(min_rows, len(part)):
+        rest = part[~live]
+        shortest = rest[loss_mask[rest].sum(1).argsort(stable=True)]
+        keep = torch.cat([keep, shortest[: min(min_rows, len(part)) - len(keep)]]).sort().values
+    return keep
 
 
 def _pick(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:

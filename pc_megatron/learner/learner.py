@@ -481,6 +481,7 @@ class Learner:
         temperature: float,
         ref_logp: torch.Tensor | None = None,
         behaviour_logp: torch.Tensor | None = None,
+        units_scale: float = 1.0,
     ) -> dict:
         """One optimizer step of the clipped surrogate over ``batch``, aggregated by
         ``loss_cfg.agg`` over all of it (``algo.loss``: token-mean, or a mean over sequences).
@@ -493,6 +494,9 @@ class Learner:
         log-probs) gives each token's truncated importance weight ``min(pi_old / pi_behaviour,
         cap)``, a constant that scales its advantage (``tis_weight_mean``, ``tis_truncated_frac``).
         Statistics (clip fraction, entropy, KL) are token means over the whole batch.
+        ``units_scale``: this batch's aggregation units over those of the mini-batch it was taken
+        from (rows whose loss is zero left out by the caller): the loss is then divided by the
+        mini-batch's units, and the step is the one the whole mini-batch would have given.
         """
         tis = loss_cfg.tis_cap > 0
         if tis and behaviour_logp is None:
@@ -500,6 +504,7 @@ class Learner:
         keys = ("clipfrac", "entropy", "kl", *(("tis_weight_mean", "tis_truncated_frac") if tis else ()))
         own = torch.zeros(batch.loss_mask.shape) if old_logp is None else None
         row_weight, row_units = aggregation_weights(batch.loss_mask.sum(1), loss_cfg.agg, loss_cfg.norm_tokens)
+        row_weight = row_weight * units_scale
         dev = self.device
 
         def loss_fn(mb, logits):
