@@ -316,7 +316,7 @@ def compare(
                 result[f"{m}_vs_{base}_auc_gain"] = (
                     per[m]["auc"]["mean"] - per[base]["auc"]["mean"] if per[m]["auc"]["mean"] is not None else None
                 )
-    if "grpo" in methods:
+    if "grpo" in methods and len(methods) > 1:
         result["paired"] = paired({k: curve(v, key) for k, v in rows.items()}, tuple(methods), seeds)
     (out / "compare.json").write_text(json.dumps(result, indent=2))
     (out / "compare.md").write_text(to_markdown(result))
