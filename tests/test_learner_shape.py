@@ -298,4 +298,6 @@ def test_rows_to_train_keeps_one_row_per_data_parallel_rank():
     assert _rows_to_train(part, adv, mask, 1).tolist() == [9]
     assert _rows_to_train(part, adv, mask, 2).tolist() == [7, 9]  # topped up with the shortest
     assert _rows_to_train(part, torch.zeros(16), mask, 2).tolist() == [4, 7]
+    mask[4] = 0  # a row with no trained token is never the one kept: the step would have nothing to train
+    assert _rows_to_train(part, torch.zeros(16), mask, 1).tolist() == [7]
     assert len(_rows_to_train(torch.arange(1), torch.zeros(16), mask, 2)) == 1

@@ -132,12 +132,14 @@ def rl_update(
 
 def _rows_to_train(part: torch.Tensor, adv: torch.Tensor, loss_mask: torch.Tensor, min_rows: int) -> torch.Tensor:
     """``part``'s rows with a nonzero advantage and a trained token, topped up with its shortest
-    other rows to ``min_rows`` (their gradient is zero: they only let every rank take the step)."""
+    other rows that have one, to ``min_rows`` (their gradient is zero: they only let every rank take
+    the step)."""
     live = (adv[part] != 0) & (loss_mask[part].sum(1) > 0)
     keep = part[live]
     if len(keep) < min(min_rows, len(part)):
         rest = part[~live]
-        shortest = rest[loss_mask[rest].sum(1).argsort(stable=True)]
+        tokens = loss_mask[rest].sum(1)
+        shortest = rest[torch.where(tokens > 0, tokens, float("inf")).argsort(stable=True)]
         keep = torch.cat([keep, shortest[: min(min_rows, len(part)) - len(keep)]]).sort().values
     return keep
 
