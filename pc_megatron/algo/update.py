@@ -105,14 +105,15 @@ def rl_update(
                     )
                 )
     times.carve("train", "optimizer", sum(u.pop("time_optimizer_s") for u in updates))
-    if old_logp is None:  # fused: the one step's own forward, over the rows it trained
+    # old_logp came from the weights before the first step
+    fresh = torch.tensor([s.policy_version == version_before for s in samples], dtype=torch.float32)
+    measured = batch.loss_mask * fresh[:, None]
+    if old_logp is None:  # fused: the one step's own forward, over the rows it trained (the others have none)
         own = updates[0].pop("old_logp")
         old_logp = torch.zeros(batch.loss_mask.shape)
         old_logp[trained, : own.shape[1]] = own
-    # old_logp came from the weights before the first step; rows left untrained have none to compare
-    fresh = torch.tensor([s.policy_version == version_before for s in samples], dtype=torch.float32)
-    measured = fresh * (trained.float() if not several else 1.0)
-    mismatch, mismatch_max = logprob_mismatch(old_logp, engine_logp, batch.loss_mask * measured[:, None])
+        measured = measured * trained[:, None]
+    mismatch, mismatch_max = logprob_mismatch(old_logp, engine_logp, measured)
     group_size = len(groups[0].samples)
     means = {k: sum(u[k] for u in updates) / len(updates) for k in _MEANS if k in updates[0]}
     return {
