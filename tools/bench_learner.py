@@ -51,6 +51,18 @@ LAYOUTS = {
 }
 
 
+def random_model(folder: Path, shape: str, dtype: torch.dtype) -> Path:
+    """A randomly initialised Llama of ``shape`` (tied embeddings) saved at ``folder``, once: the time
+    of a pass does not depend on the weights' values."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    if not (folder / "config.json").is_file():
+        torch.manual_seed(0)
+        cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=16384, tie_word_embeddings=True)
+        AutoModelForCausalLM.from_config(cfg, dtype=dtype).save_pretrained(folder)
+    return folder
+
+
 def ragged_lengths(rows: int, mu: float, sigma: float, lo: int, hi: int) -> list[int]:
     g = torch.Generator().manual_seed(0)
     lengths = torch.exp(torch.randn(rows, generator=g) * sigma + mu).round().clamp(lo, hi).long().tolist()
@@ -62,18 +74,12 @@ def ragged_child(args) -> dict:
     """One layout in this process: a warm-up, then ``--steps`` log-prob passes and RL steps."""
     import resource
 
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     from pc_megatron.algo import LossConfig
     from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
 
     torch.set_num_threads(args.threads)
-    folder = Path(args.workdir) / args.shape
-    if not (folder / "config.json").is_file():
-        torch.manual_seed(0)
-        cfg = LlamaConfig(**SHAPES[args.shape], max_position_embeddings=16384, tie_word_embeddings=True)
-        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-        AutoModelForCausalLM.from_config(cfg, dtype=dtype).save_pretrained(folder)
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    folder = random_model(Path(args.workdir) / args.shape, args.shape, dtype)
     lengths = ragged_lengths(args.rows, args.mu, args.sigma, args.min_len, args.max_len)
     if args.child == "equal":
         mean = round(sum(lengths) / len(lengths))

@@ -24,12 +24,11 @@ from types import SimpleNamespace
 import torch
 
 
-def groups_of(args):
+def groups_of(args, vocab: int):
     from pc_megatron.rollout.base import Completion
     from pc_megatron.scheduler import Group, Sample
 
     g = torch.Generator().manual_seed(0)
-    vocab = 49152
     prompts = [torch.randint(1, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.groups)]
     alike = round(args.degenerate * args.groups)
     out = []
@@ -47,7 +46,7 @@ def groups_of(args):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="smollm2")
+    ap.add_argument("--shape", default="smollm2", help="one of tools/bench_learner.py's SHAPES")
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--degenerate", type=float, default=0.5)
@@ -63,8 +62,7 @@ def main() -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench_learner import SHAPES
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from bench_learner import SHAPES, random_model
 
     from pc_megatron.algo import LossConfig
     from pc_megatron.algo.update import rl_update
@@ -72,14 +70,11 @@ def main() -> None:
     from pc_megatron.rollout.worker import PhaseTimes
 
     torch.set_num_threads(args.threads)
-    groups, prompts = groups_of(args)
+    groups, prompts = groups_of(args, SHAPES[args.shape]["vocab_size"])
     tok = SimpleNamespace(pad_token_id=0)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / args.shape
-        torch.manual_seed(0)
-        cfg = LlamaConfig(**SHAPES[args.shape], max_position_embeddings=4096, tie_word_embeddings=True)
-        AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+        folder = random_model(Path(tmp) / args.shape, args.shape, torch.float32)
         learner = Learner(folder, LearnerConfig(lr=1e-7, max_tokens_per_micro_batch=args.budget), seed=0)
         rl_update(learner, None, groups, prompts, tok, LossConfig(), 1.0, PhaseTimes())  # warm-up
         for r in range(args.rounds):

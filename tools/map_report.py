@@ -70,7 +70,6 @@ def level_rows(folder: Path) -> dict:
             "ratio_per_seed": result["methods"][m].get("grpo_over_method_per_seed_target"),
             "reached": result["methods"][m]["rollouts_to_target"]["reached"],
             "rollouts": result["methods"][m]["rollouts_to_target"],
-            "gain_expected": pair.get("eval_expected_accuracy", {}).get("methods", {}).get(m, {}).get("auc_gain"),
             "gain_greedy": pair["eval_accuracy"]["methods"][m]["auc_gain"] if "eval_accuracy" in pair else None,
             "auc_gain": main["auc_gain"],
             "final_gain": main["final_gain"],
