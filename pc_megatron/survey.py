@@ -203,6 +203,25 @@ def format_against(res: dict, runs: list[dict]) -> str:
             f"  {p:13s} {o['steps']} steps of {o['run']}: rollouts per informative group "
             f"{res['per_informative_group'][p]:.1f} ({a:.1f}-{b:.1f}) vs {o['per_informative_group']:.1f}{deg}"
         )
+    by_policy: dict[str, list[float]] = {}
+    for o in runs:
+        by_policy.setdefault(o["policy"], []).append(o["per_informative_group"])
+    if len(runs) > len(by_policy):  # several runs (seeds) of a policy: their mean, and ratios between means
+        lines.append("by policy (mean over its runs; the ratio is to grpo's measured mean, forecast in brackets):")
+        base = by_policy.get("grpo")
+        for p, vals in by_policy.items():
+            mean = sum(vals) / len(vals)
+            ratio = ""
+            if base and p != "grpo":
+                a, b = res["ratio_to_grpo_interval"][p]
+                ratio = (
+                    f"; x grpo {mean / (sum(base) / len(base)):.2f} "
+                    f"[forecast {res['ratio_to_grpo'][p]:.2f} ({a:.2f}-{b:.2f})]"
+                )
+            lines.append(
+                f"  {p:13s} {len(vals)} runs: {mean:.1f} ({min(vals):.1f}-{max(vals):.1f}) rollouts per informative "
+                f"group{ratio}"
+            )
     return "\n".join(lines)
 
 

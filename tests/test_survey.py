@@ -78,6 +78,40 @@ def test_observed_reads_a_runs_first_steps_in_the_surveys_terms(tmp_path):
     text = format_against(res, [got])
     assert "rollouts per informative group 15.0 (13.0-17.0) vs 16.0" in text
     assert "degenerate n=8 groups 0.45 (0.40-0.50) vs 0.50" in text
+    assert "by policy" not in text  # one run per policy: nothing to average
+
+
+def test_against_several_seeds_gives_each_policys_mean_and_its_ratio_to_grpo(tmp_path):
+    def run(name, policy, generated):
+        rows = [
+            {
+                "step": 1,
+                "trained_groups": 8,
+                "frac_all_correct": 0.0,
+                "frac_all_wrong": 0.5,
+                "sched/step_generated": generated,
+            }
+        ]  # 4 informative groups
+        d = tmp_path / name
+        d.mkdir()
+        return observed(_fake_run(d, policy, rows), steps=1)
+
+    runs = [run("g0", "grpo", 40), run("g1", "grpo", 60), run("p0", "pilot_commit", 100), run("p1", "pilot_commit", 60)]
+    res = {
+        "recipe": {"n": 8},
+        "degenerate": {"8": 0.45},
+        "degenerate_interval_at_n": [0.4, 0.5],
+        "per_informative_group": {"grpo": 12.0, "pilot_commit": 18.0},
+        "per_informative_group_interval": {"grpo": [11.0, 13.0], "pilot_commit": [16.0, 20.0]},
+        "ratio_to_grpo": {"grpo": 1.0, "pilot_commit": 1.5},
+        "ratio_to_grpo_interval": {"grpo": [1.0, 1.0], "pilot_commit": [1.3, 1.7]},
+    }
+    text = format_against(res, runs)
+    assert "grpo          2 runs: 12.5 (10.0-15.0) rollouts per informative group\n" in text
+    want = (
+        "pilot_commit  2 runs: 20.0 (15.0-25.0) rollouts per informative group; x grpo 1.60 [forecast 1.50 (1.30-1.70)]"
+    )
+    assert want in text
 
 
 def test_survey_of_the_tiny_recipe_then_against_a_run(tmp_path, cache_dir, capsys):
