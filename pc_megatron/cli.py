@@ -237,7 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     p_sv.add_argument("recipe", nargs="?")
     p_sv.add_argument("overrides", nargs="*")
     p_sv.add_argument("--prompts", type=int, default=128, help="training prompts sampled")
-    p_sv.add_argument("--samples", type=int, default=16, help="rollouts per prompt")
+    p_sv.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="rollouts per prompt (default: the recipe's n, at least 16; fewer than n cannot resolve the pass "
+        "rates below 1/k that decide whether an n-sample group is all alike)",
+    )
     p_sv.add_argument("--steps", type=int, default=40, help="steps of each policy simulated on the fitted pool")
     p_sv.add_argument("--bootstrap", type=int, default=20, help="resamples of the prompts for the intervals")
     p_sv.add_argument("--out", metavar="DIR", help="write survey.json here")

@@ -131,3 +131,8 @@ def test_survey_of_the_tiny_recipe_then_against_a_run(tmp_path, cache_dir, capsy
     assert main(["survey", "--load", str(out / "survey.json"), "--against", str(run)]) == 0
     again = capsys.readouterr().out
     assert again.startswith(first.splitlines()[0]) and "vs 16.0; degenerate n=" in again
+    assert "cannot tell a pass rate" not in first  # 8 samples for the recipe's n = 8
+    res["recipe"]["n"] = 64  # the same survey read for a recipe of n = 64: 8 samples cannot resolve it
+    (out / "survey.json").write_text(json.dumps(res))
+    assert main(["survey", "--load", str(out / "survey.json")]) == 0
+    assert "rerun with --samples 64" in capsys.readouterr().out
