@@ -132,9 +132,9 @@ def rl_update(
 
 
 def _rows_to_train(part: torch.Tensor, adv: torch.Tensor, loss_mask: torch.Tensor, min_rows: int) -> torch.Tensor:
-    """``part``'s rows with a nonzero advantage and a trained token, topped up with its shortest
-    other rows that have one, to ``min_rows`` (their gradient is zero: they only let every rank take
-    the step)."""
+    """``part``'s rows with a nonzero advantage and a trained token, topped up to ``min_rows`` with its
+    shortest other rows, those with a trained token first (their gradient is zero: they only let
+    every rank take the step)."""
     live = (adv[part] != 0) & (loss_mask[part].sum(1) > 0)
     keep = part[live]
     if len(keep) < min(min_rows, len(part)):
