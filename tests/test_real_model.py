@@ -43,6 +43,20 @@ def test_word_problems_are_disjoint_deterministic_and_answered():
         assert r.answer.endswith(f"\\boxed{{{r.meta['number']}}}") and str(eval_steps(r.answer)) == r.meta["number"]
 
 
+def test_sft_rows_leave_the_box_to_rl_at_the_share_asked_and_keep_the_same_problems():
+    full = generate_word_problems(WordProblemsConfig(num_train=50, num_eval=10, num_sft=400, seed=1))
+    half = generate_word_problems(WordProblemsConfig(num_train=50, num_eval=10, num_sft=400, seed=1, sft_boxed_frac=0.5))
+    assert [r.prompt for r in half["sft"]] == [r.prompt for r in full["sft"]]  # the share changes only the endings
+    assert [r.prompt for r in half["train"]] == [r.prompt for r in full["train"]]
+    boxed = [r for r in half["sft"] if "\\boxed" in r.answer]
+    assert 150 < len(boxed) < 250
+    for r in half["sft"]:
+        if r not in boxed:  # the same steps, the number said in words
+            assert r.answer.endswith(f"The answer is {r.meta['number']}.") and "\\boxed" not in r.answer
+    with pytest.raises(ConfigError, match="sft_boxed_frac"):
+        WordProblemsConfig(sft_boxed_frac=1.5).validate()
+
+
 def eval_steps(solution: str) -> int:
     """The last ``x op y = z`` of a worked solution, recomputed (the generator's arithmetic is right)."""
     last = solution.split("\\boxed")[0].strip().rstrip(".").split(". ")[-1]

@@ -45,6 +45,10 @@ class WordProblemsConfig:
     num_sft: int = 2000
     """Worked examples for an SFT warm-start (the steps, then ``\\boxed{answer}``), disjoint from
     both; used when ``warmstart.enabled``."""
+    sft_boxed_frac: float = 1.0
+    """Share of the SFT rows whose worked steps end in ``\\boxed{N}``; the others end in plain words
+    ("... The answer is 13."). Below 1 the warm-start teaches the steps and leaves part of the
+    instruction's format (which the strict reward pays for) to RL."""
     seed: int = 0
     """Seed of the generator (the run's seed does not change the task)."""
     mix: dict[str, float] = field(default_factory=lambda: {"L1": 0.3, **dict.fromkeys(LEVELS[1:], 1.0)})
@@ -57,6 +61,8 @@ class WordProblemsConfig:
                 f"data.word_problems.mix: levels {unknown or list(self.mix)} must be among {list(LEVELS)}, with "
                 "non-negative shares that do not all vanish"
             )
+        if not 0.0 <= self.sft_boxed_frac <= 1.0:
+            raise ConfigError(f"data.word_problems.sft_boxed_frac={self.sft_boxed_frac}: a share, in [0, 1]")
         if self.num_train < 1 or self.num_eval < 1 or self.num_sft < 0:
             raise ConfigError("data.word_problems.num_train and num_eval must be >= 1, num_sft >= 0")
 
@@ -148,6 +154,7 @@ def generate_word_problems(cfg: WordProblemsConfig) -> dict[str, list[PromptRow]
     number; SFT rows with the worked steps and the boxed number (``meta["number"]`` holds the number)."""
     cfg.validate()
     r = random.Random(cfg.seed)
+    boxing = random.Random(f"{cfg.seed}-boxed")  # its own stream: the share does not change the problems
     total = sum(cfg.mix.values())
     levels = [lv for lv in LEVELS if cfg.mix.get(lv, 0) > 0]
     seen: set[str] = set()
@@ -169,7 +176,9 @@ def generate_word_problems(cfg: WordProblemsConfig) -> dict[str, list[PromptRow]
                 meta = {"family": lv}
                 target = str(answer)
                 if split == "sft":
-                    target, meta["number"] = f"{steps} \\boxed{{{answer}}}", str(answer)
+                    boxed = boxing.random() < cfg.sft_boxed_frac
+                    end = f"\\boxed{{{answer}}}" if boxed else f"The answer is {answer}."
+                    target, meta["number"] = f"{steps} {end}", str(answer)
                 rows.append(PromptRow(f"{split}-{lv}-{made}", text, target, meta))
                 made += 1
         r.shuffle(rows)
