@@ -44,8 +44,9 @@ def test_word_problems_are_disjoint_deterministic_and_answered():
 
 
 def test_sft_rows_leave_the_box_to_rl_at_the_share_asked_and_keep_the_same_problems():
-    full = generate_word_problems(WordProblemsConfig(num_train=50, num_eval=10, num_sft=400, seed=1))
-    half = generate_word_problems(WordProblemsConfig(num_train=50, num_eval=10, num_sft=400, seed=1, sft_boxed_frac=0.5))
+    sizes = dict(num_train=50, num_eval=10, num_sft=400, seed=1)
+    full = generate_word_problems(WordProblemsConfig(**sizes))
+    half = generate_word_problems(WordProblemsConfig(**sizes, sft_boxed_frac=0.5))
     assert [r.prompt for r in half["sft"]] == [r.prompt for r in full["sft"]]  # the share changes only the endings
     assert [r.prompt for r in half["train"]] == [r.prompt for r in full["train"]]
     boxed = [r for r in half["sft"] if "\\boxed" in r.answer]
