@@ -205,3 +205,45 @@ def test_the_training_loop_runs_on_the_vllm_engine(cache_dir, tmp_path):
     for r in rows:
         assert r["logprob_mismatch_max"] < 1e-4 and r["engine_weight_version"] == r["step"] == r["policy_version"]
         assert r["weight_sync_bytes"] > 0 and r["sched/max_policy_lag"] == 0
+
+
+def test_an_engine_whose_owner_is_killed_ends_its_processes(tiny_model_dir):
+    """SIGKILL (or the OOM killer) gives the process that built an engine no chance to close it;
+    vLLM's engine-core and worker processes must still end (seen: 3.7 GB held for 20 minutes
+    after a run was OOM-killed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = f"""
+import time, psutil
+from pc_megatron.rollout.base import RolloutConfig, VllmConfig
+from pc_megatron.rollout.vllm_engine import VllmEngine
+cfg = RolloutConfig(backend="vllm", vllm=VllmConfig(max_model_len=64, max_num_seqs=8, cpu_kv_cache_gb=0.125))
+engine = VllmEngine({str(tiny_model_dir)!r}, cfg)
+print("PIDS", *(p.pid for p in psutil.Process().children(recursive=True)), flush=True)
+time.sleep(600)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("PIDS"):  # vLLM logs to stdout too
+            line = proc.stdout.readline()
+            assert line, f"the engine did not start (exit {proc.poll()})"
+        children = [psutil.Process(int(p)) for p in line.split()[1:]]
+        assert any("EngineCore" in " ".join(c.cmdline()) for c in children), [c.cmdline() for c in children]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline, alive = time.time() + 20, children
+    while alive and time.time() < deadline:
+        alive = [c for c in alive if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.2)
+    left = [f"{c.pid} {' '.join(c.cmdline())[:60]}" for c in alive]
+    for c in alive:
+        c.kill()
+    assert left == []

@@ -146,6 +146,7 @@ class VllmEngine:
             disable_log_stats=True,
             **kwargs,
         )
+        self._rpc("pcm_watch_owner", os.getpid())  # its processes end with this one, even on SIGKILL
         # broadcast: the workers receive from a learner in another process (runtime=ray) that
         # drives the sync; this engine's own update_weights has nothing to send with
         sync = cfg.weight_sync
