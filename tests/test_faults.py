@@ -5,14 +5,12 @@ must come before any process starts. (SIGTERM mid-run: tests/test_train_integrat
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
+from process_checks import sigkill_and_survivors
 
 from pc_megatron.cli import main
 from pc_megatron.config import load_config
@@ -32,33 +30,11 @@ def test_an_unreachable_cluster_is_one_clear_error_before_any_run_folder(tmp_pat
     assert list(tmp_path.iterdir()) == []  # nothing was started, no run folder
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _writer_helpers(tiny_model_dir, tmp_path, *flags) -> list[int]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(WORKERS / "checkpoint_writer_worker.py"),
-            str(tiny_model_dir),
-            str(tmp_path / "ckpt"),
-            *flags,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    helpers = [int(p) for p in proc.stdout.readline().split()]
-    assert helpers and all(_alive(p) for p in helpers)
-    proc.kill()  # SIGKILL: no handler, no atexit, nothing of the parent's runs
-    proc.wait()
-    deadline = time.time() + 10
-    while time.time() < deadline and any(_alive(p) for p in helpers):
-        time.sleep(0.1)
-    return [p for p in helpers if _alive(p)]
+    worker = [str(WORKERS / "checkpoint_writer_worker.py"), str(tiny_model_dir), str(tmp_path / "ckpt"), *flags]
+    helpers, left = sigkill_and_survivors(worker, wait_s=10)
+    assert helpers
+    return left
 
 
 def test_the_checkpoint_writers_helper_dies_with_a_killed_run(tiny_model_dir, tmp_path):

@@ -213,37 +213,13 @@ def test_an_engine_whose_owner_is_killed_ends_its_processes(tiny_model_dir):
     after a run was OOM-killed)."""
     import os
     import signal
-    import subprocess
-    import sys
-    import time
+    from pathlib import Path
 
-    import psutil
+    from process_checks import sigkill_and_survivors
 
-    script = f"""
-import time, psutil
-from pc_megatron.rollout.base import RolloutConfig, VllmConfig
-from pc_megatron.rollout.vllm_engine import VllmEngine
-cfg = RolloutConfig(backend="vllm", vllm=VllmConfig(max_model_len=64, max_num_seqs=8, cpu_kv_cache_gb=0.125))
-engine = VllmEngine({str(tiny_model_dir)!r}, cfg)
-print("PIDS", *(p.pid for p in psutil.Process().children(recursive=True)), flush=True)
-time.sleep(600)
-"""
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        line = ""
-        while not line.startswith("PIDS"):  # vLLM logs to stdout too
-            line = proc.stdout.readline()
-            assert line, f"the engine did not start (exit {proc.poll()})"
-        children = [psutil.Process(int(p)) for p in line.split()[1:]]
-        assert any("EngineCore" in " ".join(c.cmdline()) for c in children), [c.cmdline() for c in children]
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    deadline, alive = time.time() + 20, children
-    while alive and time.time() < deadline:
-        alive = [c for c in alive if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-        time.sleep(0.2)
-    left = [f"{c.pid} {' '.join(c.cmdline())[:60]}" for c in alive]
-    for c in alive:
-        c.kill()
-    assert left == []
+    worker = str(Path(__file__).parent / "workers" / "vllm_engine_worker.py")
+    children, left = sigkill_and_survivors([worker, str(tiny_model_dir)], wait_s=20)
+    assert any("EngineCore" in cmd for cmd in children.values()), children
+    for pid in left:  # clean up before failing
+        os.kill(pid, signal.SIGKILL)
+    assert [children[p][:60] for p in left] == []

@@ -1,5 +1,5 @@
 """Saves a learner checkpoint (which starts Megatron-Core's checkpoint-writer helper process), prints
-the pids of this process's children, then waits to be killed. With ``--megatron-own-queue`` the helper
+``PIDS`` and the pids of this process's children, then waits to be killed. With ``--megatron-own-queue`` the helper
 is the one Megatron-Core starts by itself (the negative control: it outlives this process)."""
 
 import sys
@@ -18,7 +18,7 @@ def main() -> None:
 
         filesystem_async._get_write_results_queue()  # before the learner's save can install ours
     Learner(model_dir, LearnerConfig(), seed=0).save(out)
-    print(" ".join(str(p.pid) for p in psutil.Process().children()), flush=True)
+    print("PIDS", *(p.pid for p in psutil.Process().children()), flush=True)
     time.sleep(600)
 
 
