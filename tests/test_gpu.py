@@ -254,8 +254,9 @@ def test_broadcast_weight_sync_over_nccl_into_another_gpu(tmp_path):
     import torch.multiprocessing as mp
     from test_weight_sync_broadcast import BUCKET, _Engine, _weights
 
+    from pc_megatron.weight_sync.broadcast_group import BroadcastGroup
     from pc_megatron.weight_sync.manifest import Manifest
-    from pc_megatron.weight_sync.transport import BroadcastGroup, BroadcastSender, push_weights
+    from pc_megatron.weight_sync.transport import BroadcastSender, push_weights
 
     engine = _Engine(mp.get_context("spawn"), tmp_path / "engine.pt", device="cuda:1")
     try:

@@ -12,8 +12,9 @@ import torch
 import torch.multiprocessing as mp
 
 from pc_megatron.errors import TrainingError
+from pc_megatron.weight_sync.broadcast_group import BroadcastGroup
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
-from pc_megatron.weight_sync.transport import BroadcastGroup, BroadcastSender, buckets, push_weights
+from pc_megatron.weight_sync.transport import BroadcastSender, buckets, push_weights
 
 BUCKET = 64 << 10
 

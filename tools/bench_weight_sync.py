@@ -171,9 +171,10 @@ def bench_transports(
 ) -> list[dict]:
     import torch.multiprocessing as mp
 
+    from pc_megatron.weight_sync.broadcast_group import BroadcastGroup
     from pc_megatron.weight_sync.manifest import Manifest
     from pc_megatron.weight_sync.sharding import HFTensors
-    from pc_megatron.weight_sync.transport import BroadcastGroup, make_sender, push_weights
+    from pc_megatron.weight_sync.transport import make_sender, push_weights
 
     hf = HFTensors(model_dir)
     device = "cuda" if on_gpu else "cpu"

@@ -50,7 +50,7 @@ class HFEngine:
         return 1
 
     def join_group(self, info: dict, first_rank: int) -> str:
-        """Join the broadcast transport's group (``weight_sync.transport.BroadcastGroup``)."""
+        """Join the broadcast transport's group (``weight_sync.broadcast_group.BroadcastGroup``)."""
         return self._receiver.join(info, first_rank)
 
     def load_bucket(self, handle: dict) -> int:

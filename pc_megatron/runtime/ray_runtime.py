@@ -144,7 +144,7 @@ class LearnerWorker:
         import ray
         import torch
 
-        from pc_megatron.weight_sync.transport import BroadcastGroup
+        from pc_megatron.weight_sync.broadcast_group import BroadcastGroup
 
         if self._group is not None:
             old_engines, group = self._group
