@@ -35,7 +35,7 @@ import torch
 
 from pc_megatron.checkpoint import copy_hf_side_files, latest_checkpoint
 from pc_megatron.errors import ModelFileError, UserError
-from pc_megatron.learner.learner import CHECKPOINT_META, read_checkpoint_meta
+from pc_megatron.learner.checkpoint_io import CHECKPOINT_META, read_checkpoint_meta
 from pc_megatron.model.arch import ArchSpec, arch_from_hf_config, load_arch
 from pc_megatron.weight_sync.mapping import megatron_to_hf
 from pc_megatron.weight_sync.sharding import (

@@ -13,7 +13,6 @@ their contiguous slice of its rows. Results (log-probs, statistics) are returned
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from kernels.grpo_loss import logprob_entropy
 from pc_megatron.algo.loss import LossConfig, aggregation_weights, policy_loss
 from pc_megatron.errors import ModelFileError, TrainingError
+from pc_megatron.learner.checkpoint_io import load_state, save_state
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.layout import MicroBatchInput
 from pc_megatron.learner.microbatch import Plan, alignment, plan_micro_batches
@@ -45,11 +45,6 @@ from pc_megatron.weight_sync.sharding import (
     unshard,
 )
 
-CHECKPOINT_META = "pcm_learner.json"
-CHECKPOINT_FORMAT = 1
-# Distributed-optimizer state is written in the model's (unsharded) space, so a checkpoint loads
-# at any TP/PP (Megatron-Core's "fully reshardable" layout).
-_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
 _WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # parameter dtypes, by index on the wire
 
 
@@ -541,88 +536,17 @@ class Learner:
         return out
 
     # ----------------------------------------------------------------- checkpoint
-    def _sharded_state(self, loading: bool) -> dict:
-        model = self.module.sharded_state_dict(metadata=_SHARDING)
-        return {
-            "model": model,
-            "optimizer": self.optimizer.sharded_state_dict(model, is_loading=loading, metadata=_SHARDING),
-            "scheduler": self.scheduler.state_dict(),
-            "version": self.version,
-        }
-
     def save(self, path: str | Path) -> None:
-        """Write model, optimizer and lr-schedule state to ``path`` (Megatron distributed
-        checkpoint: every rank writes its shards; collective). Loadable at any TP/PP/DP."""
-        from megatron.core import dist_checkpointing
-
-        from pc_megatron.compat.checkpoint_writer import install_results_queue
-
-        install_results_queue()  # its helper process dies with this one, however this one ends
+        """Write model, optimizer and lr-schedule state to ``path`` (``checkpoint_io.save``:
+        every rank writes its shards; collective). Loadable at any TP/PP/DP."""
         self.onload()  # the checkpoint holds the optimizer state where training uses it
-        path = Path(path)
-        if dist.get_rank() == 0:
-            path.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        dist_checkpointing.save(self._sharded_state(loading=False), str(path), content_metadata=_SHARDING)
-        if dist.get_rank() == 0:
-            meta = {
-                "format": CHECKPOINT_FORMAT,
-                "arch": self.arch.__dict__,
-                "tensor_parallel_size": self.parallel.tensor_parallel_size,
-                "pipeline_parallel_size": self.parallel.pipeline_parallel_size,
-                "data_parallel_size": self.parallel.data_parallel_size,
-                "distributed_optimizer": self.cfg.distributed_optimizer,
-                "transformer_impl": self.transformer_impl,
-                "version": self.version,
-            }
-            (path / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
-        dist.barrier()
+        save_state(self, Path(path))
 
     def load(self, path: str | Path) -> None:
         """Restore a checkpoint written by ``save`` at any parallel layout (resharded on load).
         A checkpoint of a different model is refused before anything is changed."""
-        from megatron.core import dist_checkpointing
-
         self.onload()
-        path = Path(path)
-        meta = read_checkpoint_meta(path, self.arch)
-        saved_distopt = meta.get("distributed_optimizer", False)
-        if saved_distopt != self.cfg.distributed_optimizer:
-            raise ModelFileError(
-                f"{path}: saved with learner.distributed_optimizer={str(saved_distopt).lower()}, this run uses "
-                f"{str(self.cfg.distributed_optimizer).lower()}; resume with the saved setting (the parallel "
-                "sizes may change)"
-            )
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        from pc_megatron.learner.dist_reader import last_line
-
-        try:
-            state = dist_checkpointing.load(self._sharded_state(loading=True), str(path))
-        except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
-            raise ModelFileError(
-                f"{path}: cannot load the learner checkpoint ({last_line(e)}); its files are damaged or "
-                "incomplete: resume from an earlier checkpoint (write its folder name into checkpoints/latest)"
-            ) from None
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.version = int(state["version"])
-
-
-def read_checkpoint_meta(path: Path, arch: ArchSpec) -> dict:
-    """``pcm_learner.json`` of the learner checkpoint at ``path``, checked: this format, and the
-    model ``arch`` (a checkpoint of another model is named with its differences)."""
-    meta_path = path / CHECKPOINT_META
-    if not meta_path.is_file():
-        raise ModelFileError(f"{path}: no {CHECKPOINT_META}; not a learner checkpoint (or an incomplete one)")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise ModelFileError(f"{meta_path}: format {meta.get('format')}, this version reads {CHECKPOINT_FORMAT}")
-    if meta["arch"] != arch.__dict__:
-        diff = {k: (v, arch.__dict__.get(k)) for k, v in meta["arch"].items() if arch.__dict__.get(k) != v}
-        raise ModelFileError(f"{path}: checkpoint is from a different model (checkpoint vs this run: {diff})")
-    return meta
+        self.version = load_state(self, Path(path))
 
 
 def _global_names(module: torch.nn.Module) -> dict[str, str]:
