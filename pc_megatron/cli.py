@@ -111,7 +111,16 @@ def _compare(args: argparse.Namespace) -> int:
     from pc_megatron.compare import compare
 
     recipe, overrides = _recipe_and_overrides(args)
-    compare(recipe, overrides, Path(args.out), tuple(args.methods), args.target, tuple(args.seeds or ()), args.jobs)
+    compare(
+        recipe,
+        overrides,
+        Path(args.out),
+        tuple(args.methods),
+        args.target,
+        tuple(args.seeds or ()),
+        args.jobs,
+        args.fraction,
+    )
     return 0
 
 
@@ -220,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--target", type=float, help="accuracy target (default: the best of GRPO's seed-mean curve)")
     p_cmp.add_argument("--seeds", type=int, nargs="+", help="run every method at each seed (default: the recipe's)")
     p_cmp.add_argument("--jobs", type=int, default=1, help="runs at a time (threads are split between them)")
+    p_cmp.add_argument(
+        "--fraction",
+        type=float,
+        default=0.5,
+        help="paired figure: rollouts to reach this share of the best method's gain (default 0.5; "
+        "0.9 reads how fast a curve that levels off gets near its level)",
+    )
     p_cmp.set_defaults(func=_compare)
     p_prof = sub.add_parser("profile", help="torch.profiler over a few steps: trace, per-phase breakdown, memory")
     p_prof.add_argument("recipe", nargs="?")

@@ -258,7 +258,12 @@ def compare(
     target: float | None = None,
     seeds: tuple[int, ...] | None = None,
     jobs: int = 1,
+    fraction: float = 0.5,
 ) -> dict:
+    if not 0 < fraction <= 1:
+        from pc_megatron.errors import ConfigError
+
+        raise ConfigError(f"--fraction {fraction}: the share of the best gain to reach must be in (0, 1]")
     out.mkdir(parents=True, exist_ok=True)
     seeds = tuple(seeds) if seeds else (load_config(recipe, overrides).seed,)
     dirs = _run_all(recipe, overrides, out, methods, seeds, jobs)
@@ -317,7 +322,7 @@ def compare(
                     per[m]["auc"]["mean"] - per[base]["auc"]["mean"] if per[m]["auc"]["mean"] is not None else None
                 )
     if "grpo" in methods and len(methods) > 1:
-        result["paired"] = paired({k: curve(v, key) for k, v in rows.items()}, tuple(methods), seeds)
+        result["paired"] = paired({k: curve(v, key) for k, v in rows.items()}, tuple(methods), seeds, fraction=fraction)
     (out / "compare.json").write_text(json.dumps(result, indent=2))
     (out / "compare.md").write_text(to_markdown(result))
     curves = {POLICY_LABELS.get(m, m): mean_curve([curve(rows[m, s], key) for s in seeds]) for m in methods}

@@ -66,3 +66,12 @@ def test_equal_methods_read_no_difference_and_unreached_targets_are_counted_not_
     assert flat["to_base_final"]["reached"] == "0/3" and flat["to_base_final"]["mean"] is None
     assert flat["final_gain"]["ci95"][1] < 0
     assert not math.isnan(p["best_gain"]) and p["best_gain"] == pytest.approx(0.1)
+
+
+def test_compare_refuses_a_fraction_outside_0_1_before_running_anything(tmp_path, capsys):
+    from pc_megatron.cli import main
+
+    out = tmp_path / "cmp"
+    assert main(["compare", "tiny", "--methods", "grpo", "adaptive", "--out", str(out), "--fraction", "1.5"]) == 2
+    assert "--fraction 1.5" in capsys.readouterr().err
+    assert not out.exists()  # nothing started, nothing written
