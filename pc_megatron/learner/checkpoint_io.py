@@ -6,28 +6,27 @@ Distributed-optimizer state is written in the model's (unsharded) space, so a ch
 at any TP/PP/DP (Megatron-Core's "fully reshardable" layout). A checkpoint of another model, of
 another format or with the other optimizer setting is refused with the difference named, before
 anything is changed. ``convert`` reads the same metadata.
+
+``learner`` below is a ``learner.Learner`` (typed ``Any``: that module imports this one).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch.distributed as dist
 
 from pc_megatron.errors import ModelFileError
 from pc_megatron.model.arch import ArchSpec
 
-if TYPE_CHECKING:
-    from pc_megatron.learner.learner import Learner
-
 CHECKPOINT_META = "pcm_learner.json"
 CHECKPOINT_FORMAT = 1
 _SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
-def _sharded_state(learner: Learner, loading: bool) -> dict:
+def _sharded_state(learner: Any, loading: bool) -> dict:
     model = learner.module.sharded_state_dict(metadata=_SHARDING)
     return {
         "model": model,
@@ -37,7 +36,7 @@ def _sharded_state(learner: Learner, loading: bool) -> dict:
     }
 
 
-def save_state(learner: Learner, path: Path) -> None:
+def save_state(learner: Any, path: Path) -> None:
     """Every rank writes its shards of ``learner``'s state to ``path``; rank 0 adds the
     metadata (collective)."""
     from megatron.core import dist_checkpointing
@@ -64,7 +63,7 @@ def save_state(learner: Learner, path: Path) -> None:
     dist.barrier()
 
 
-def load_state(learner: Learner, path: Path) -> int:
+def load_state(learner: Any, path: Path) -> int:
     """Load the checkpoint at ``path`` into ``learner``'s model, optimizer and lr schedule
     (resharded to its layout); returns the policy version it was saved at."""
     from megatron.core import dist_checkpointing
