@@ -537,7 +537,7 @@ class Learner:
 
     # ----------------------------------------------------------------- checkpoint
     def save(self, path: str | Path) -> None:
-        """Write model, optimizer and lr-schedule state to ``path`` (``checkpoint_io.save``:
+        """Write model, optimizer and lr-schedule state to ``path`` (``checkpoint_io.save_state``:
         every rank writes its shards; collective). Loadable at any TP/PP/DP."""
         self.onload()  # the checkpoint holds the optimizer state where training uses it
         save_state(self, Path(path))
