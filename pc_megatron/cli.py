@@ -111,6 +111,9 @@ def _compare(args: argparse.Namespace) -> int:
     from pc_megatron.compare import compare
 
     recipe, overrides = _recipe_and_overrides(args)
+    method_overrides: dict[str, list[str]] = {}
+    for method, *own in args.method_overrides or ():
+        method_overrides.setdefault(method, []).extend(own)
     compare(
         recipe,
         overrides,
@@ -120,6 +123,7 @@ def _compare(args: argparse.Namespace) -> int:
         tuple(args.seeds or ()),
         args.jobs,
         args.fraction,
+        method_overrides,
     )
     return 0
 
@@ -235,6 +239,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0.5,
         help="paired figure: rollouts to reach this share of the best method's gain (default 0.5; "
         "0.9 reads how fast a curve that levels off gets near its level)",
+    )
+    p_cmp.add_argument(
+        "--method-overrides",
+        nargs="+",
+        action="append",
+        metavar="METHOD KEY=VALUE",
+        help="overrides for one method's runs only (repeatable), e.g. --method-overrides pilot_commit steps=4 "
+        "eval.every_steps=1: the same rollouts for methods whose rollouts per step differ",
     )
     p_cmp.set_defaults(func=_compare)
     p_prof = sub.add_parser("profile", help="torch.profiler over a few steps: trace, per-phase breakdown, memory")

@@ -1,8 +1,11 @@
 """Run allocation policies on one recipe at several seeds and compare rollouts to target.
 
 Same model, data, group size and prompts per update for every method and the same seeds; only
-``scheduler.policy`` differs. Every (method, seed) run is a ``pc-megatron train`` process in
-``OUT/seed<S>/<method>/`` (``--jobs`` at a time; a finished run is reused, a cut one resumed).
+``scheduler.policy`` differs, and what ``method_overrides`` gives one method (its steps and eval
+spacing, to bring every method to about the same rollouts when their rollouts per step differ).
+Every (method, seed) run is a ``pc-megatron train`` process in ``OUT/seed<S>/<method>/``
+(``--jobs`` at a time; a finished run is reused, a cut one resumed, and one that died before its
+first checkpoint is moved aside to ``<method>.failed-<time>`` and started again).
 
 The compare metric is ``eval_expected_accuracy`` (exact, over 2,500 held-out prompts) when the
 runs have it, else greedy ``eval_accuracy``; both are reported. The target is the best point of
@@ -202,7 +205,9 @@ def ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or den is None or den == 0 else num / den
 
 
-def _run_all(recipe: str, overrides: list[str], out: Path, methods, seeds, jobs: int) -> dict[tuple[str, int], Path]:
+def _run_all(
+    recipe: str, overrides: list[str], out: Path, methods, seeds, jobs: int, method_overrides: dict[str, list[str]]
+) -> dict[tuple[str, int], Path]:
     """Every (method, seed) run as a ``pc-megatron train`` process, ``jobs`` at a time."""
     threads = (
         None
@@ -221,7 +226,10 @@ def _run_all(recipe: str, overrides: list[str], out: Path, methods, seeds, jobs:
             if (run_dir / "checkpoints" / "latest").is_file():
                 cmd = ["train", *common, "--resume", str(run_dir)]
             else:
-                cmd = ["train", recipe, *overrides, *common, f"out_dir={run_dir.parent}", f"name={method}"]
+                if run_dir.exists():  # died before its first checkpoint was complete: nothing to resume
+                    run_dir.rename(run_dir.with_name(f"{method}.failed-{int(time.time())}"))
+                own = method_overrides.get(method, [])
+                cmd = ["train", recipe, *overrides, *own, *common, f"out_dir={run_dir.parent}", f"name={method}"]
             todo.append((method, seed, run_dir, [sys.executable, "-m", "pc_megatron.cli", *cmd]))
     running: list[tuple[str, int, Path, subprocess.Popen, Any]] = []
     done = len(dirs) - len(todo)
@@ -259,14 +267,20 @@ def compare(
     seeds: tuple[int, ...] | None = None,
     jobs: int = 1,
     fraction: float = 0.5,
+    method_overrides: dict[str, list[str]] | None = None,
 ) -> dict:
-    if not 0 < fraction <= 1:
-        from pc_megatron.errors import ConfigError
+    from pc_megatron.errors import ConfigError
 
+    if not 0 < fraction <= 1:
         raise ConfigError(f"--fraction {fraction}: the share of the best gain to reach must be in (0, 1]")
+    method_overrides = method_overrides or {}
+    for method, own in method_overrides.items():
+        if method not in methods:
+            raise ConfigError(f"overrides for {method}, which is not among --methods {' '.join(methods)}")
+        load_config(recipe, [*overrides, *own])  # a bad key or value: one error before any run starts
     out.mkdir(parents=True, exist_ok=True)
     seeds = tuple(seeds) if seeds else (load_config(recipe, overrides).seed,)
-    dirs = _run_all(recipe, overrides, out, methods, seeds, jobs)
+    dirs = _run_all(recipe, overrides, out, methods, seeds, jobs, method_overrides)
     rows = {k: read_metrics(d) for k, d in dirs.items()}
     key = (
         "eval_expected_accuracy"

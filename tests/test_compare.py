@@ -75,3 +75,20 @@ def test_compare_refuses_a_fraction_outside_0_1_before_running_anything(tmp_path
     assert main(["compare", "tiny", "--methods", "grpo", "adaptive", "--out", str(out), "--fraction", "1.5"]) == 2
     assert "--fraction 1.5" in capsys.readouterr().err
     assert not out.exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--method-overrides", "dapo", "steps=4"], "not among --methods"),
+        (["--method-overrides", "adaptive", "stepz=4"], "stepz"),
+    ],
+    ids=["method-not-compared", "bad-key"],
+)
+def test_compare_refuses_bad_method_overrides_before_running_anything(tmp_path, capsys, extra, message):
+    from pc_megatron.cli import main
+
+    out = tmp_path / "cmp"
+    assert main(["compare", "tiny", "--methods", "grpo", "adaptive", "--out", str(out), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()

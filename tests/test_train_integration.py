@@ -230,8 +230,19 @@ def test_compare_runs_every_method_at_every_seed_and_reports_intervals(cache_dir
     from pc_megatron.compare import compare
 
     over = [*SMALL, "steps=2", "scheduler.p_lower=0.0", "data.synthetic.num_eval_expected=200"]
-    result = compare("tiny", over, tmp_path / "cmp", ("grpo", "pilot_commit"), seeds=(0, 1), jobs=2)
+    dead = tmp_path / "cmp" / "seed1" / "pilot_commit"  # a run killed while writing its first checkpoint
+    (dead / "checkpoints" / "step_000002.tmp").mkdir(parents=True)  # (train refuses a folder with checkpoints/)
+    (dead / "config.yaml").write_text("seed: 1\n")
+    own = {"pilot_commit": ["steps=3"]}  # one method's own overrides reach its runs only
+    result = compare(
+        "tiny", over, tmp_path / "cmp", ("grpo", "pilot_commit"), seeds=(0, 1), jobs=2, method_overrides=own
+    )
     assert result["metric"] == "eval_expected_accuracy" and result["seeds"] == [0, 1]
+    for s in (0, 1):
+        assert read_metrics(tmp_path / "cmp" / f"seed{s}" / "grpo")[-1]["step"] == 2
+        assert read_metrics(tmp_path / "cmp" / f"seed{s}" / "pilot_commit")[-1]["step"] == 3
+    # the dead run was moved aside (kept, not deleted) and run again from the start
+    assert [(p / "config.yaml").read_text() for p in dead.parent.glob("pilot_commit.failed-*")] == ["seed: 1\n"]
     grpo = result["methods"]["grpo"]
     seed_mean_best = max(
         sum(r["eval_expected_accuracy"] for r in rs) / 2
@@ -250,7 +261,9 @@ def test_compare_runs_every_method_at_every_seed_and_reports_intervals(cache_dir
         assert (tmp_path / "cmp" / name).stat().st_size > 100
     # finished runs are reused, not redone
     mtime = (tmp_path / "cmp" / "seed0" / "grpo" / "metrics.jsonl").stat().st_mtime
-    again = compare("tiny", over, tmp_path / "cmp", ("grpo", "pilot_commit"), seeds=(0, 1), jobs=2)
+    again = compare(
+        "tiny", over, tmp_path / "cmp", ("grpo", "pilot_commit"), seeds=(0, 1), jobs=2, method_overrides=own
+    )
     assert again["target"] == result["target"]
     assert (tmp_path / "cmp" / "seed0" / "grpo" / "metrics.jsonl").stat().st_mtime == mtime
 
