@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pc_megatron.config import load_config
+from pc_megatron.errors import ConfigError
 from pc_megatron.observability import POLICY_LABELS, plot_accuracy, read_metrics
 
 METHODS = ("grpo", "dapo", "pilot_commit")
@@ -269,8 +270,6 @@ def compare(
     fraction: float = 0.5,
     method_overrides: dict[str, list[str]] | None = None,
 ) -> dict:
-    from pc_megatron.errors import ConfigError
-
     if not 0 < fraction <= 1:
         raise ConfigError(f"--fraction {fraction}: the share of the best gain to reach must be in (0, 1]")
     method_overrides = method_overrides or {}
