@@ -35,6 +35,7 @@ from pc_megatron.scheduler.simulate import simulate
 
 POLICIES = ("grpo", "dapo", "pilot_commit", "adaptive")
 NS = (8, 16, 32, 64)
+COSTS = ("per_informative_group", "per_update")  # what the simulation reports of each policy
 
 
 def fit_prior(counts: list[tuple[int, int]], iters: int = 300) -> list[float]:
@@ -63,13 +64,15 @@ def draw_pool(prior: list[float], size: int, seed: int) -> list[float]:
     return rng.choices(GRID, weights=prior, k=size)
 
 
-def allocation(prior: list[float], sched: SchedulerConfig, B: int, n: int, steps: int, seed: int) -> dict[str, float]:
-    """Rollouts per informative trained group of each policy on a pool drawn from ``prior``."""
+def allocation(prior: list[float], sched: SchedulerConfig, B: int, n: int, steps: int, seed: int) -> dict[str, dict]:
+    """Each policy on a pool drawn from ``prior``: rollouts per informative trained group and rollouts
+    per update, as ``{"per_informative_group": {policy: v}, "per_update": {policy: v}}``."""
     rates = draw_pool(prior, max(40 * B, 400), seed)
-    out = {}
+    out: dict[str, dict] = {key: {} for key in COSTS}
     for policy in POLICIES:
-        cfg = dataclasses.replace(sched, policy=policy)
-        out[policy] = simulate(rates, cfg, steps, B, n, seed)["per_informative_group"]
+        sim = simulate(rates, dataclasses.replace(sched, policy=policy), steps, B, n, seed)
+        for key in COSTS:
+            out[key][policy] = sim[key]
     return out
 
 
@@ -83,7 +86,7 @@ def analyse(counts: list[tuple[int, int]], sched: SchedulerConfig, B: int, n: in
     prior = fit_prior(counts)
     point = {
         "degenerate": {m: degenerate_share(prior, m) for m in sorted({*NS, n})},
-        "per_informative_group": allocation(prior, sched, B, n, steps, seed),
+        **allocation(prior, sched, B, n, steps, seed),
     }
     rng = random.Random(seed)
     samples: dict[str, list[float]] = {}
@@ -92,18 +95,31 @@ def analyse(counts: list[tuple[int, int]], sched: SchedulerConfig, B: int, n: in
         q = fit_prior(resampled, iters=100)
         samples.setdefault("degenerate", []).append(degenerate_share(q, n))
         alloc = allocation(q, sched, B, n, steps, seed + 1 + b)
-        for policy, v in alloc.items():
-            samples.setdefault(policy, []).append(v)
-            samples.setdefault(f"{policy}/grpo", []).append(v / alloc["grpo"])
+        per_group, per_update = alloc["per_informative_group"], alloc["per_update"]
+        for policy in POLICIES:
+            samples.setdefault(policy, []).append(per_group[policy])
+            samples.setdefault(f"{policy}/grpo", []).append(per_group[policy] / per_group["grpo"])
+            samples.setdefault(f"{policy}/grpo per update", []).append(per_update[policy] / per_update["grpo"])
     intervals = {k: _interval(v) for k, v in samples.items()}
-    ratios = {p: point["per_informative_group"][p] / point["per_informative_group"]["grpo"] for p in POLICIES}
-    best = min(POLICIES, key=lambda p: point["per_informative_group"][p])
+    per_group = point["per_informative_group"]
+    ratios = {p: per_group[p] / per_group["grpo"] for p in POLICIES}
+    best = min(POLICIES, key=lambda p: per_group[p])
     lo, hi = intervals[f"{best}/grpo"]
     if best != "grpo" and hi < 1.0:
         verdict = (
             f"{best}: {1 / ratios[best]:.2f}x fewer rollouts per informative group than grpo "
             f"({1 / hi:.2f}-{1 / lo:.2f})"
         )
+        u = point["per_update"][best] / point["per_update"]["grpo"]
+        if u > 1.0:
+            # An allocator buys informative groups with rollouts that no update trains on. That pays where
+            # the number of informative groups limits learning and loses where the number of updates does
+            # (smollm2-arith's pool: docs/regime_map.md); the starting policy alone cannot tell which.
+            ua, ub = intervals[f"{best}/grpo per update"]
+            verdict += (
+                f", at {u:.2f}x grpo's rollouts per update ({ua:.2f}-{ub:.2f}): fewer rollouts to an accuracy "
+                "only where informative groups, not updates, limit learning"
+            )
     else:
         verdict = "no policy is clearly better than grpo here (every ratio's interval reaches 1)"
     return prior, point, intervals, ratios, verdict
@@ -159,6 +175,8 @@ def survey(cfg: Any, prompts: int, samples: int | None, out: Path | None, steps:
         "per_informative_group_interval": {p: intervals[p] for p in POLICIES},
         "ratio_to_grpo": ratios,
         "ratio_to_grpo_interval": {p: intervals[f"{p}/grpo"] for p in POLICIES},
+        "per_update": point["per_update"],
+        "per_update_ratio_interval": {p: intervals[f"{p}/grpo per update"] for p in POLICIES},
         "verdict": verdict,
         "recipe": {"B": B, "n": n, "pilot_samples": sched.pilot_samples, "steps_simulated": steps},
         "wall_s": time.time() - t0,
@@ -171,7 +189,8 @@ def survey(cfg: Any, prompts: int, samples: int | None, out: Path | None, steps:
 
 def observed(run_dir: Path, steps: int) -> dict[str, Any]:
     """What a run's first ``steps`` steps measured, in the survey's terms: its policy, the share of
-    trained groups that were all alike, and rollouts generated per informative (mixed) trained group."""
+    trained groups that were all alike, rollouts generated per informative (mixed) trained group and
+    rollouts generated per update."""
     from pc_megatron.observability import read_metrics
 
     policy = OmegaConf.load(run_dir / "config.yaml").scheduler.policy
@@ -187,6 +206,7 @@ def observed(run_dir: Path, steps: int) -> dict[str, Any]:
         "steps": len(rows),
         "degenerate_trained": alike / groups,
         "per_informative_group": generated / max(groups - alike, 1e-9),
+        "per_update": generated / len(rows),
     }
 
 
@@ -207,25 +227,29 @@ def format_against(res: dict, runs: list[dict]) -> str:
             f"  {p:13s} {o['steps']} steps of {o['run']}: rollouts per informative group "
             f"{res['per_informative_group'][p]:.1f} ({a:.1f}-{b:.1f}) vs {o['per_informative_group']:.1f}{deg}"
         )
-    by_policy: dict[str, list[float]] = {}
+    by_policy: dict[str, list[dict]] = {}
     for o in runs:
-        by_policy.setdefault(o["policy"], []).append(o["per_informative_group"])
+        by_policy.setdefault(o["policy"], []).append(o)
     if len(runs) > len(by_policy):  # several runs (seeds) of a policy: their mean, and ratios between means
         lines.append("by policy (mean over its runs; the ratio is to grpo's measured mean, forecast in brackets):")
-        base = by_policy.get("grpo")
-        for p, vals in by_policy.items():
-            mean = sum(vals) / len(vals)
-            ratio = ""
-            if base and p != "grpo":
-                a, b = res["ratio_to_grpo_interval"][p]
-                ratio = (
-                    f"; x grpo {mean / (sum(base) / len(base)):.2f} "
-                    f"[forecast {res['ratio_to_grpo'][p]:.2f} ({a:.2f}-{b:.2f})]"
-                )
-            lines.append(
-                f"  {p:13s} {len(vals)} runs: {mean:.1f} ({min(vals):.1f}-{max(vals):.1f}) rollouts per informative "
-                f"group{ratio}"
+        means = {p: {k: sum(o[k] for o in os) / len(os) for k in COSTS} for p, os in by_policy.items()}
+        for p, os in by_policy.items():
+            vals = [o["per_informative_group"] for o in os]
+            line = (
+                f"  {p:13s} {len(os)} runs: {means[p]['per_informative_group']:.1f} ({min(vals):.1f}-{max(vals):.1f}) "
+                "rollouts per informative group"
             )
+            if "grpo" in means and p != "grpo":
+                a, b = res["ratio_to_grpo_interval"][p]
+                line += (
+                    f"; x grpo {means[p]['per_informative_group'] / means['grpo']['per_informative_group']:.2f} "
+                    f"[forecast {res['ratio_to_grpo'][p]:.2f} ({a:.2f}-{b:.2f})]"
+                    f"; per update x grpo {means[p]['per_update'] / means['grpo']['per_update']:.2f}"
+                )
+                if "per_update" in res:  # surveys saved before it was forecast lack it
+                    ua, ub = res["per_update_ratio_interval"][p]
+                    line += f" [forecast {res['per_update'][p] / res['per_update']['grpo']:.2f} ({ua:.2f}-{ub:.2f})]"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -251,14 +275,19 @@ def format_survey(res: dict) -> str:
         "expected degenerate share of n-sample groups (fitted): "
         + ", ".join(f"n={m}: {v:.2f}" for m, v in res["degenerate"].items())
         + f"  (n={n}: {lo:.2f}-{hi:.2f})",
-        f"rollouts per informative group (B={res['recipe']['B']}, n={n}, first {res['recipe']['steps_simulated']} "
-        "steps, simulated on the fitted pool):",
+        f"rollouts per informative group, and per update (B={res['recipe']['B']}, n={n}, first "
+        f"{res['recipe']['steps_simulated']} steps, simulated on the fitted pool):",
     ]
+    per_update = res.get("per_update")  # surveys saved before it was forecast lack it
     for p in POLICIES:
         a, b = res["ratio_to_grpo_interval"][p]
-        lines.append(
+        line = (
             f"  {p:13s} {res['per_informative_group'][p]:7.1f}   x grpo {res['ratio_to_grpo'][p]:.2f} ({a:.2f}-{b:.2f})"
         )
+        if per_update:
+            ua, ub = res["per_update_ratio_interval"][p]
+            line += f"   | {per_update[p]:6.1f}   x grpo {per_update[p] / per_update['grpo']:.2f} ({ua:.2f}-{ub:.2f})"
+        lines.append(line)
     lines.append(f"favoured: {res['verdict']}")
     if res["samples"] < n:
         lines.append(

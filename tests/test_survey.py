@@ -50,6 +50,21 @@ def test_a_pool_of_mostly_hopeless_prompts_favours_filtering():
     assert verdict.startswith("adaptive:") and "fewer rollouts per informative group than grpo" in verdict
 
 
+def test_the_verdict_names_what_an_allocator_pays_per_update():
+    """An allocator buys informative groups with rollouts no update trains on. On smollm2-arith's pool
+    (docs/regime_map.md) that lost: the survey favoured adaptive by rollouts per informative group, but
+    updates limited learning there. So the forecast gives each policy's rollouts per update, GRPO's
+    being exactly B x n, and a favoured allocator's verdict says what it costs per update."""
+    counts = _counts([0.0] * 800 + [0.4] * 200, 16, seed=2)
+    sched = OmegaConf.to_object(load_config("tiny").scheduler)
+    _, point, intervals, _, verdict = analyse(counts, sched, B=8, n=8, steps=40, boots=6, seed=0)
+    assert point["per_update"]["grpo"] == 8 * 8
+    u = point["per_update"]["adaptive"] / 64
+    lo, hi = intervals["adaptive/grpo per update"]
+    assert 1.0 < lo <= u <= hi  # it skips hopeless prompts, so it samples more of them than it trains
+    assert f"at {u:.2f}x grpo's rollouts per update" in verdict and "not updates, limit learning" in verdict
+
+
 def _fake_run(tmp_path, policy: str, rows: list[dict]):
     run = tmp_path / policy
     run.mkdir()
@@ -68,6 +83,7 @@ def test_observed_reads_a_runs_first_steps_in_the_surveys_terms(tmp_path):
     got = observed(_fake_run(tmp_path, "grpo", rows), steps=2)
     assert got["steps"] == 2 and got["degenerate_trained"] == 0.5
     assert got["per_informative_group"] == 128 / 8  # 16 groups, 8 of them mixed
+    assert got["per_update"] == 64
     res = {
         "recipe": {"n": 8},
         "degenerate": {"8": 0.45},
@@ -106,12 +122,18 @@ def test_against_several_seeds_gives_each_policys_mean_and_its_ratio_to_grpo(tmp
         "ratio_to_grpo": {"grpo": 1.0, "pilot_commit": 1.5},
         "ratio_to_grpo_interval": {"grpo": [1.0, 1.0], "pilot_commit": [1.3, 1.7]},
     }
-    text = format_against(res, runs)
+    text = format_against(res, runs)  # a survey saved before rollouts per update were forecast
     assert "grpo          2 runs: 12.5 (10.0-15.0) rollouts per informative group\n" in text
     want = (
         "pilot_commit  2 runs: 20.0 (15.0-25.0) rollouts per informative group; x grpo 1.60 [forecast 1.50 (1.30-1.70)]"
+        "; per update x grpo 1.60\n"
     )
-    assert want in text
+    assert want in text + "\n"
+    res |= {
+        "per_update": {"grpo": 64.0, "pilot_commit": 96.0},
+        "per_update_ratio_interval": {"pilot_commit": [1.4, 1.6]},
+    }
+    assert "; per update x grpo 1.60 [forecast 1.50 (1.40-1.60)]" in format_against(res, runs)
 
 
 def test_survey_of_the_tiny_recipe_then_against_a_run(tmp_path, cache_dir, capsys):
@@ -124,6 +146,7 @@ def test_survey_of_the_tiny_recipe_then_against_a_run(tmp_path, cache_dir, capsy
     assert main([*args, "--out", str(out)]) == 0
     first = capsys.readouterr().out
     assert "24 prompts x 8 samples (192 rollouts" in first and "favoured:" in first
+    assert "  grpo " in first and "|  512.0   x grpo 1.00" in first  # B x n rollouts per update: 64 x 8
     res = json.loads((out / "survey.json").read_text())
     assert sum(res["histogram"].values()) == pytest.approx(1.0)
     rows = [dict(step=1, trained_groups=4, frac_all_correct=0.5, frac_all_wrong=0.0, **{"sched/step_generated": 32})]

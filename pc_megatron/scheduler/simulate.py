@@ -25,8 +25,8 @@ class FixedPassRates:
 
 def simulate(rates: list[float], cfg: SchedulerConfig, steps: int, B: int, n: int, seed: int) -> dict:
     """``steps`` of ``cfg``'s policy on a pool of ``rates``: rollouts generated per trained group with
-    both right and wrong samples, the share of trained groups that were all alike, the epoch reached
-    and the adaptive allocator's decision counters."""
+    both right and wrong samples, rollouts generated per update (step), the share of trained groups
+    that were all alike, the epoch reached and the adaptive allocator's decision counters."""
     sched, gen = Scheduler(cfg, len(rates), B, n, seed), FixedPassRates(rates, seed)
     groups = mixed = 0
     for step in range(steps):
@@ -36,6 +36,7 @@ def simulate(rates: list[float], cfg: SchedulerConfig, steps: int, B: int, n: in
     c = sched.counts
     return {
         "per_informative_group": c["generated"] / max(mixed, 1),
+        "per_update": c["generated"] / max(steps, 1),
         "degenerate_trained": 1 - mixed / max(groups, 1),
         "epochs": sched.epoch,
         "generated": c["generated"],
