@@ -5,7 +5,7 @@
 #
 #   bash tools/regime_map.sh OUT [LEVEL ...]   # graded70 easy hard graded40 dapo ablate small grid n64 n128 confound
 #                                              # grpo-lr default
-#   SEEDS="0 1 2 3 4" MAP_STEPS=200 MAP_LR=6e-5 bash tools/regime_map.sh OUT n64 n128   # the #25 benchmark's knobs
+#   SEEDS="0 1 2 3 4" MAP_STEPS=200 MAP_LR=3e-5 bash tools/regime_map.sh OUT n64 n128   # the #25 benchmark's knobs
 #
 # SEEDS, MAP_STEPS and MAP_LR change the recipe of every level alike (give such a run its own OUT:
 # a finished run in OUT is reused whatever its recipe was).
