@@ -111,15 +111,13 @@ def analyse(counts: list[tuple[int, int]], sched: SchedulerConfig, B: int, n: in
             f"({1 / hi:.2f}-{1 / lo:.2f})"
         )
         u = point["per_update"][best] / point["per_update"]["grpo"]
+        ua, ub = intervals[f"{best}/grpo per update"]
+        verdict += f", at {u:.2f}x grpo's rollouts per update ({ua:.2f}-{ub:.2f})"
         if u > 1.0:
             # An allocator buys informative groups with rollouts that no update trains on. That pays where
             # the number of informative groups limits learning and loses where the number of updates does
             # (smollm2-arith's pool: docs/regime_map.md); the starting policy alone cannot tell which.
-            ua, ub = intervals[f"{best}/grpo per update"]
-            verdict += (
-                f", at {u:.2f}x grpo's rollouts per update ({ua:.2f}-{ub:.2f}): fewer rollouts to an accuracy "
-                "only where informative groups, not updates, limit learning"
-            )
+            verdict += ": fewer rollouts to an accuracy only where informative groups, not updates, limit learning"
     else:
         verdict = "no policy is clearly better than grpo here (every ratio's interval reaches 1)"
     return prior, point, intervals, ratios, verdict

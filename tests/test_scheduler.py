@@ -290,6 +290,34 @@ def test_adaptive_spends_little_where_groups_degenerate_and_nothing_extra_where_
     assert adaptive == grpo and pilot_share == 0.0
 
 
+def test_adaptive_spends_at_most_grpos_rollouts_per_update_and_trains_more_informative_groups():
+    """The budget: adaptive never generates more than GRPO's B x n rollouts in a step, and for them
+    trains more groups with both right and wrong samples than GRPO does (on a pool of 70% solved or
+    hopeless prompts); without the cap (``adaptive_budget=0``) it fills B groups and spends more."""
+    graded = [0.0] * 45 + [1.0] * 25 + [0.1, 0.3, 0.5, 0.7, 0.9] * 6
+    B, n, steps = 8, 32, 30
+
+    def run(policy: str, budget: float) -> tuple[list[int], int, int]:
+        sched = Scheduler(SchedulerConfig(policy=policy, bind=False, adaptive_budget=budget), 400, B, n, 0)
+        oracle = Oracle(400, 1)
+        oracle.p = [random.Random(i).choice(graded) for i in range(400)]
+        spent, groups, mixed = [], 0, 0
+        for step in range(steps):
+            oracle.version = step
+            batch = sched.next_batch(step, oracle, policy_version=step)
+            spent.append(batch.stats["step_generated"])
+            groups += len(batch.groups)
+            mixed += sum(0 < sum(s.correct for s in g.samples) < len(g.samples) for g in batch.groups)
+        return spent, groups, mixed
+
+    grpo_spent, _, grpo_mixed = run("grpo", 1.0)
+    spent, groups, mixed = run("adaptive", 1.0)
+    assert max(spent) <= B * n and sum(spent) > 0.8 * sum(grpo_spent), spent
+    assert mixed > 1.5 * grpo_mixed and groups <= B * steps, (mixed, grpo_mixed, groups, spent)
+    uncapped, groups, _ = run("adaptive", 0.0)
+    assert max(uncapped) > B * n and groups > 0.95 * B * steps, uncapped
+
+
 def test_adaptive_skips_prompts_it_knows_are_saturated_when_they_are_nearly_so():
     """Real "hopeless" prompts are rarely exactly p = 0 (nor solved ones exactly 1): with pass
     rates within 0.5% of 0 or 1, the posterior learns over epochs of a small pool that such a

@@ -54,15 +54,19 @@ def test_the_verdict_names_what_an_allocator_pays_per_update():
     """An allocator buys informative groups with rollouts no update trains on. On smollm2-arith's pool
     (docs/regime_map.md) that lost: the survey favoured adaptive by rollouts per informative group, but
     updates limited learning there. So the forecast gives each policy's rollouts per update, GRPO's
-    being exactly B x n, and a favoured allocator's verdict says what it costs per update."""
+    being exactly B x n, and a favoured allocator's verdict says what it costs per update: within
+    GRPO's for adaptive under its budget, and with the caveat where it spends more (no budget)."""
     counts = _counts([0.0] * 800 + [0.4] * 200, 16, seed=2)
     sched = OmegaConf.to_object(load_config("tiny").scheduler)
-    _, point, intervals, _, verdict = analyse(counts, sched, B=8, n=8, steps=40, boots=6, seed=0)
-    assert point["per_update"]["grpo"] == 8 * 8
-    u = point["per_update"]["adaptive"] / 64
-    lo, hi = intervals["adaptive/grpo per update"]
-    assert 1.0 < lo <= u <= hi  # it skips hopeless prompts, so it samples more of them than it trains
-    assert f"at {u:.2f}x grpo's rollouts per update" in verdict and "not updates, limit learning" in verdict
+    for budget, spends_more in ((1.0, False), (0.0, True)):
+        sched.adaptive_budget = budget
+        _, point, intervals, _, verdict = analyse(counts, sched, B=8, n=8, steps=40, boots=6, seed=0)
+        assert point["per_update"]["grpo"] == 8 * 8
+        u = point["per_update"]["adaptive"] / 64
+        lo, hi = intervals["adaptive/grpo per update"]
+        assert verdict.startswith("adaptive:") and f"at {u:.2f}x grpo's rollouts per update" in verdict
+        assert (1.0 < lo <= u <= hi) if spends_more else max(u, hi) <= 1.0  # the cap holds in every resample
+        assert ("not updates, limit learning" in verdict) == spends_more
 
 
 def _fake_run(tmp_path, policy: str, rows: list[dict]):

@@ -11,7 +11,7 @@
 # differ between methods, each curve getting five points inside or at the budget:
 #   grpo           8 steps, eval every 2  (0, 128, 256, 384, 512 rollouts)
 #   pilot_commit   4 steps, eval every 1  (~170 rollouts a step: pilots of 2 + commits of 6)
-#   adaptive       7 steps, eval every 2  (~80 rollouts a step), and at its last
+#   adaptive       9 steps, eval every 2  (at most 64 rollouts a step: its budget), and at its last
 # Evaluation is greedy on the first 300 of the 600 held-out problems (the set is shuffled; every
 # run scores the same 300). `pc-megatron compare` runs them (a finished run is reused and a cut one
 # resumed, so the script can be run again after an interruption) and writes the paired figures to
@@ -25,4 +25,4 @@ pc-megatron compare smollm2-arith eval.num_prompts=300 checkpoint.every_steps=2 
     --methods grpo pilot_commit adaptive --seeds $SEEDS --out "$OUT" \
     --method-overrides grpo steps=8 eval.every_steps=2 \
     --method-overrides pilot_commit steps=4 eval.every_steps=1 \
-    --method-overrides adaptive steps=7 eval.every_steps=2
+    --method-overrides adaptive steps=9 eval.every_steps=2

@@ -94,6 +94,12 @@ class SchedulerConfig:
     """adaptive: a sample's weight in a prompt's evidence decays by this per policy step."""
     adaptive_evict_confidence: float = 0.95
     """adaptive: evict a prompt only when P(all n samples correct) is at least this."""
+    adaptive_budget: float = 1.0
+    """adaptive: generate at most this x B x n rollouts per update (1 = GRPO's), training the groups
+    that fit (possibly fewer than B, nearly all mixed); mixed pilots left over wait in the buffer.
+    0 = no cap: pilot until B groups are full, which spent 1.2-1.5x GRPO's rollouts per update and
+    lost to GRPO where updates, not informative groups, limit learning (docs/regime_map.md).
+    Replica-filling pilots (request_multiple) may exceed it by less than one replica's share."""
     request_multiple: int = 1
     """Round each generate call's prompt count up to a multiple of this (the rollout engine's
     data-parallel size, so every replica gets the same number of prompts) by piloting (DAPO:
@@ -121,6 +127,10 @@ class SchedulerConfig:
             )
         if not (0 <= self.adaptive_explore <= 1 and 0 < self.adaptive_forget <= 1):
             raise ConfigError("scheduler: need adaptive_explore in [0, 1] and adaptive_forget in (0, 1]")
+        if self.adaptive_budget < 0:
+            raise ConfigError(
+                "scheduler.adaptive_budget must be >= 0 (a multiple of GRPO's B x n rollouts per update; 0 = no cap)"
+            )
         if self.request_multiple < 1:
             raise ConfigError("scheduler.request_multiple must be >= 1 (the engine's data-parallel size; 1 = off)")
 
@@ -386,9 +396,10 @@ class Scheduler:
             return
         self._add("wasted_filtered", entry.samples)
 
-    def _select(self, step: int, rnd: int, need: int, taken: set[int]) -> list[_Entry]:
+    def _select(self, step: int, rnd: int, need: int, taken: set[int], budget: float = math.inf) -> list[_Entry]:
         """Up to ``need`` buffered prompts not already in this batch (an epoch can wrap mid-step
-        and pilot a prompt that this batch already trains)."""
+        and pilot a prompt that this batch already trains), in selection order, whose commits
+        (up to n samples each) fit in ``budget`` rollouts."""
         entries = sorted((e for e in self.buffer.values() if e.prompt not in taken), key=lambda e: e.prompt)
         if len(entries) > need:
             if self.cfg.selection == "random":
@@ -396,6 +407,12 @@ class Scheduler:
             else:
                 entries.sort(key=lambda e: (-e.p_hat * (1 - e.p_hat), -e.seq, e.prompt))
                 entries = entries[:need]
+        if budget < math.inf:
+            costs = [self.n - len(e.samples) for e in entries]
+            fit = 0
+            while fit < len(entries) and sum(costs[: fit + 1]) <= budget:
+                fit += 1
+            entries = entries[:fit]
         for e in entries:
             del self.buffer[e.prompt]
             self.state[e.prompt] = "used"
@@ -473,24 +490,45 @@ class Scheduler:
         or hopeless ones are deferred without a pilot (a few are piloted anyway, to explore),
         confidently informative ones get a full n-group at once, the rest a cheap pilot; one
         call carries the full groups, the pilots and the extensions of inconclusive pilots.
-        Mixed pilots are buffered and committed up to n in a second call."""
+        Mixed pilots are buffered and committed up to n in a second call. The step stops at
+        ``adaptive_budget`` x B x n generated rollouts: draws are planned to fit it with their
+        expected commits, and commits that do not fit wait in the buffer."""
         c, n = self.cfg, self.n
         belief = self.belief
         belief.refit(step)
         groups: list[Group] = []
         rounds = 0
+        start = self.counts["generated"]
+        budget = c.adaptive_budget * self.B * n if c.adaptive_budget > 0 else math.inf
+        size = min(c.adaptive_pilot, self.n_p)
         while len(groups) < self.B and rounds < c.max_rounds:
+            left = budget - (self.counts["generated"] - start)
+            if left < 1:
+                break
             rounds += 1
             need = self.B - len(groups)
             taken = {g.prompt for g in groups} | {e.prompt for e in self.pending}
+            # extensions of last call's inconclusive pilots go first; those that do not fit wait
+            extend: list[_Entry] = []
+            planned = 0
+            for e in self.pending:
+                cost = min(size, self.n_p - len(e.samples))
+                if planned + cost > left:
+                    break
+                extend.append(e)
+                planned += cost
+            self.pending = self.pending[len(extend) :]
             direct: list[int] = []
             pilots: list[int] = []
             # draw (at most B_gen) until the full groups, the buffer and the pilots' expected yield
-            # (each pilot's chance of a mixed group) cover the need: few draws where the pool is informative
-            expected = len(self.buffer) + 0.5 * len(self.pending)
+            # (each pilot's chance of a mixed group) cover the need, or the planned rollouts (with
+            # the expected commits) fill the budget: few draws where the pool is informative
+            expected = len(self.buffer) + 0.5 * len(extend)
             drawn_any = False
             for _ in range(c.gen_prompts_multiplier * need):
-                if len(direct) + expected >= need:
+                spend = planned + n * len(direct) + size * len(pilots)
+                spend += (n - size) * min(max(need - len(direct), 0), expected)  # the expected commits
+                if len(direct) + expected >= need or spend + size > left:
                     break
                 drawn = self._fresh(1, taken)
                 if not drawn:
@@ -501,16 +539,14 @@ class Scheduler:
                 explore = random.Random(f"{self.seed}/explore/{self.epoch}/{p}").random() < c.adaptive_explore
                 if belief.seen(p) and mixed < c.adaptive_skip_below and not explore:
                     self._skip(p, step)
-                elif mixed >= c.adaptive_direct_above:
+                elif mixed >= c.adaptive_direct_above and spend + n <= left:
                     direct.append(p)
                 else:
                     pilots.append(p)
                     expected += mixed
-            extend, self.pending = self.pending, []
             short = (-(len(direct) + len(pilots) + len(extend))) % c.request_multiple
             if short and (direct or pilots or extend):  # fill whole engine replicas with extra pilots
                 pilots += self._fresh(short, taken)
-            size = min(c.adaptive_pilot, self.n_p)
             requests = [GenRequest(p, n, "full") for p in direct]
             requests += [GenRequest(p, size, "pilot") for p in pilots]
             requests += [GenRequest(e.prompt, min(size, self.n_p - len(e.samples)), "pilot") for e in extend]
@@ -526,7 +562,8 @@ class Scheduler:
             for e, samples in zip(extend, rest[len(pilots) :], strict=True):
                 self.counts["extended"] += 1
                 self._judge(_Entry(e.prompt, e.samples + samples, e.gen_step, self.pilot_batches), samples, step)
-            chosen = self._select(step, rounds, self.B - len(groups), {g.prompt for g in groups})
+            left = budget - (self.counts["generated"] - start)
+            chosen = self._select(step, rounds, self.B - len(groups), {g.prompt for g in groups}, left)
             if chosen:
                 commits = [GenRequest(e.prompt, n - len(e.samples), "commit") for e in chosen]
                 for e, r in zip(chosen, self._call(generate, commits), strict=True):
@@ -534,7 +571,7 @@ class Scheduler:
                     groups.append(Group(e.prompt, e.samples + r, len(e.samples)))
             self._enforce_capacity()
             if not requests and not chosen and not drawn_any:
-                break  # nothing left to pilot or commit: the pool is exhausted
+                break  # nothing left to pilot or commit (or nothing that fits): the pool is exhausted
         self._flush_stale(step)
         return Batch(groups, rounds)
 
