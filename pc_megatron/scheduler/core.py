@@ -20,15 +20,28 @@ bound and unbound modes see the same prompts, and a restored scheduler continues
 
 from __future__ import annotations
 
-import functools
 import math
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from pc_megatron.data.sampler import epoch_permutation
+from pc_megatron.scheduler.adaptive import Adaptive
 from pc_megatron.scheduler.belief import PassRateBelief
+from pc_megatron.scheduler.pilot_commit import PilotCommit, pass_rate_lower_bound
+from pc_megatron.scheduler.types import Batch, Entry, GenerateFn, GenRequest, Group, Sample
+
+__all__ = [
+    "POLICIES",
+    "Batch",
+    "Entry",
+    "GenRequest",
+    "GenerateFn",
+    "Group",
+    "Sample",
+    "Scheduler",
+    "SchedulerConfig",
+    "pass_rate_lower_bound",
+]
 
 POLICIES = ("grpo", "dapo", "pilot_commit", "adaptive")
 ROLLOUT_KEYS = (  # rollout counters, also kept in generated tokens
@@ -135,80 +148,10 @@ class SchedulerConfig:
             raise ConfigError("scheduler.request_multiple must be >= 1 (the engine's data-parallel size; 1 = off)")
 
 
-@functools.lru_cache(maxsize=4096)
-def pass_rate_lower_bound(k: int, n: int, confidence: float = 0.95) -> float:
-    """One-sided Clopper-Pearson lower bound on p after ``k`` of ``n`` correct: the smallest p
-    with P(X >= k | p) >= 1 - confidence (bisection on the binomial tail)."""
-    if k == 0:
-        return 0.0
+class Scheduler(PilotCommit, Adaptive):
+    """The pool, the replay buffer and the accounting; GRPO and DAPO here, Pilot-Commit and
+    adaptive in their modules."""
 
-    def tail(p: float) -> float:
-        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
-
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if tail(mid) >= 1 - confidence else (mid, hi)
-    return hi
-
-
-@dataclass
-class GenRequest:
-    prompt: int
-    n: int
-    phase: str  # "full" | "pilot" | "commit"
-
-
-@dataclass
-class Sample:
-    correct: bool
-    reward: float
-    policy_version: int = 0
-    payload: Any = None  # the engine's completion, opaque here
-    tokens: int = 0  # generated tokens, for the token accounting
-
-
-@dataclass
-class Group:
-    """One trained group: all samples share a baseline (pilot ∪ commit for Pilot-Commit)."""
-
-    prompt: int
-    samples: list[Sample]
-    pilot_samples: int = 0
-
-
-@dataclass
-class _Entry:
-    prompt: int
-    samples: list[Sample]
-    gen_step: int  # the step that generated this pilot (its policy lag when trained at step t: t - gen_step)
-    seq: int = 0  # which pilot batch it came from (the same in bound and unbound mode): "recent" for ties
-
-    @property
-    def p_hat(self) -> float:
-        return sum(s.correct for s in self.samples) / len(self.samples)
-
-
-@dataclass
-class Batch:
-    groups: list[Group]
-    rounds: int
-    stats: dict[str, float] = field(default_factory=dict)
-
-    def metrics(self) -> dict[str, float]:
-        """The step's metrics row: the stats under ``sched/``, and the cumulative rollouts and
-        generated tokens that the accuracy curves are plotted against."""
-        return {
-            "cum_rollouts": self.stats["cum_generated"],
-            "cum_generated_tokens": self.stats["cum_tokens_generated"],
-            **{f"sched/{k}": v for k, v in self.stats.items()},
-        }
-
-
-GenerateFn = Callable[[list[GenRequest]], list[list[Sample]]]
-
-
-class Scheduler:
     def __init__(
         self, cfg: SchedulerConfig, num_prompts: int, prompts_per_step: int, samples_per_prompt: int, seed: int
     ):
@@ -229,8 +172,8 @@ class Scheduler:
         self.epoch, self.cursor = 0, 0
         self.state: dict[int, str] = dict.fromkeys(range(num_prompts), "fresh")
         # fresh | used (drawn this epoch) | buffered | deferred (to the next epoch) | evicted
-        self.buffer: dict[int, _Entry] = {}
-        self.pending: list[_Entry] = []  # bound mode: pilot results waiting for the next step;
+        self.buffer: dict[int, Entry] = {}
+        self.pending: list[Entry] = []  # bound mode: pilot results waiting for the next step;
         # adaptive: inconclusive pilots waiting for their extension
         self.belief = PassRateBelief(cfg.adaptive_forget)
         self.pilot_batches = 0
@@ -297,6 +240,22 @@ class Scheduler:
                 self._new_epoch(out)
                 started_new = True
         return out
+
+    def _evict(self, prompt: int) -> None:
+        """Out of the pool for good (solved)."""
+        self.state[prompt] = "evicted"
+        self.counts["evicted"] += 1
+
+    def _defer(self, prompt: int, counted: bool = True) -> None:
+        """Not drawn again this epoch (fresh at the next); ``counted``: in the ``deferred`` counter."""
+        self.state[prompt] = "deferred"
+        self.n_deferred += 1
+        self.counts["deferred"] += counted
+
+    def _buffer(self, entry: Entry) -> None:
+        """A mixed pilot into the replay buffer, to be committed."""
+        self.buffer[entry.prompt] = entry
+        self.state[entry.prompt] = "buffered"
 
     # ------------------------------------------------------------------ policies
     def next_batch(self, step: int, generate: GenerateFn, policy_version: int = 0) -> Batch:
@@ -375,28 +334,7 @@ class Scheduler:
                     self._add("wasted_surplus", samples)
         return Batch(kept, rounds)
 
-    # Pilot-Commit ---------------------------------------------------------------
-    def _file_pilot(self, entry: _Entry) -> None:
-        """Sort one pilot result into buffer / evicted / deferred / skipped."""
-        c, correct = self.cfg, sum(s.correct for s in entry.samples)
-        p_hat = correct / len(entry.samples)
-        self.pilot_hist[correct] += 1
-        if p_hat >= c.p_evict and pass_rate_lower_bound(correct, len(entry.samples)) >= self.evict_guard:
-            self.state[entry.prompt] = "evicted"
-            self.counts["evicted"] += 1
-        elif p_hat > c.p_upper:
-            self.counts["skipped_easy"] += 1
-        elif p_hat < c.p_lower:
-            self.state[entry.prompt] = "deferred"
-            self.n_deferred += 1
-            self.counts["deferred"] += 1
-        else:
-            self.buffer[entry.prompt] = entry
-            self.state[entry.prompt] = "buffered"
-            return
-        self._add("wasted_filtered", entry.samples)
-
-    def _select(self, step: int, rnd: int, need: int, taken: set[int], budget: float = math.inf) -> list[_Entry]:
+    def _select(self, step: int, rnd: int, need: int, taken: set[int], budget: float = math.inf) -> list[Entry]:
         """Up to ``need`` buffered prompts not already in this batch (an epoch can wrap mid-step
         and pilot a prompt that this batch already trains), in selection order, whose commits
         (up to n samples each) fit in ``budget`` rollouts."""
@@ -418,7 +356,7 @@ class Scheduler:
             self.state[e.prompt] = "used"
         return entries
 
-    def _drop(self, entries: list[_Entry]) -> None:
+    def _drop(self, entries: list[Entry]) -> None:
         for e in entries:
             del self.buffer[e.prompt]
             self.state[e.prompt] = "used"
@@ -437,178 +375,6 @@ class Scheduler:
     def _rounded(self, k: int, others: int = 0) -> int:
         """``k`` plus the fewest extra prompts that make ``k + others`` a multiple of request_multiple."""
         return k + (-(k + others)) % self.cfg.request_multiple
-
-    def _pilot_requests(self, commits: int = 0) -> list[GenRequest]:
-        """B_gen fresh pilots (rounded so that ``commits`` + pilots fill whole engine replicas)."""
-        k = self._rounded(self.cfg.gen_prompts_multiplier * self.B, commits)
-        self.pilot_batches += 1
-        return [GenRequest(p, self.n_p, "pilot") for p in self._fresh(k)]
-
-    def _entries(self, requests: list[GenRequest], results: list[list[Sample]], step: int) -> list[_Entry]:
-        return [_Entry(q.prompt, r, step, self.pilot_batches) for q, r in zip(requests, results, strict=True)]
-
-    def _pilot_commit(self, step: int, generate: GenerateFn) -> Batch:
-        """Each round: file pilots → select up to the missing count → commit → trim.
-
-        Unbound, a round's pilot is generated in the round itself. Bound, it was generated in
-        the previous generate call (the last call of step t-1 carries step t's first pilot),
-        so each call holds the commits of one round and the pilot of the next.
-        """
-        groups: list[Group] = []
-        rounds = 0
-        if self.cfg.bind and not self.pending:  # first step (or pool ran dry): a pilot-only call
-            self.pending = self._run_pilots(generate, self._pilot_requests(), gen_step=step)
-        while len(groups) < self.B and rounds < self.cfg.max_rounds:
-            rounds += 1
-            if self.cfg.bind:
-                filed, self.pending = self.pending, []
-            else:
-                filed = self._run_pilots(generate, self._pilot_requests(), gen_step=step)
-            for e in filed:
-                self._file_pilot(e)
-            chosen = self._select(step, rounds, self.B - len(groups), {g.prompt for g in groups})
-            commits = [GenRequest(e.prompt, self.n_c, "commit") for e in chosen]
-            pilots: list[GenRequest] = []
-            if self.cfg.bind:
-                pilots = self._pilot_requests(commits=len(commits))
-            results = self._call(generate, commits + pilots)
-            groups += [Group(e.prompt, e.samples + r, len(e.samples)) for e, r in zip(chosen, results, strict=False)]
-            if self.cfg.bind:
-                self.pending = self._entries(pilots, results[len(commits) :], step)
-            self._enforce_capacity()
-            if not filed and not chosen:
-                break  # nothing left to pilot or commit: the pool is exhausted
-        self._flush_stale(step)
-        return Batch(groups, rounds)
-
-    def _run_pilots(self, generate: GenerateFn, requests: list[GenRequest], gen_step: int) -> list[_Entry]:
-        return self._entries(requests, self._call(generate, requests), gen_step)
-
-    # Adaptive ---------------------------------------------------------------------
-    def _adaptive(self, step: int, generate: GenerateFn) -> Batch:
-        """Each round: fresh prompts are judged by their pass-rate posterior: confidently solved
-        or hopeless ones are deferred without a pilot (a few are piloted anyway, to explore),
-        confidently informative ones get a full n-group at once, the rest a cheap pilot; one
-        call carries the full groups, the pilots and the extensions of inconclusive pilots.
-        Mixed pilots are buffered and committed up to n in a second call. The step stops at
-        ``adaptive_budget`` x B x n generated rollouts: draws are planned to fit it with their
-        expected commits, and commits that do not fit wait in the buffer."""
-        c, n = self.cfg, self.n
-        belief = self.belief
-        belief.refit(step)
-        groups: list[Group] = []
-        rounds = 0
-        start = self.counts["generated"]
-        budget = c.adaptive_budget * self.B * n if c.adaptive_budget > 0 else math.inf
-        size = min(c.adaptive_pilot, self.n_p)
-        while len(groups) < self.B and rounds < c.max_rounds:
-            left = budget - (self.counts["generated"] - start)
-            if left < 1:
-                break
-            rounds += 1
-            need = self.B - len(groups)
-            taken = {g.prompt for g in groups} | {e.prompt for e in self.pending}
-            # extensions of last call's inconclusive pilots go first; those that do not fit wait
-            extend: list[_Entry] = []
-            planned = 0
-            for e in self.pending:
-                cost = min(size, self.n_p - len(e.samples))
-                if planned + cost > left:
-                    break
-                extend.append(e)
-                planned += cost
-            self.pending = self.pending[len(extend) :]
-            direct: list[int] = []
-            pilots: list[int] = []
-            # draw (at most B_gen) until the full groups, the buffer and the pilots' expected yield
-            # (each pilot's chance of a mixed group) cover the need, or the planned rollouts (with
-            # the expected commits) fill the budget: few draws where the pool is informative
-            expected = len(self.buffer) + 0.5 * len(extend)
-            drawn_any = False
-            for _ in range(c.gen_prompts_multiplier * need):
-                spend = planned + n * len(direct) + size * len(pilots)
-                spend += (n - size) * min(max(need - len(direct), 0), expected)  # the expected commits
-                if len(direct) + expected >= need or spend + size > left:
-                    break
-                drawn = self._fresh(1, taken)
-                if not drawn:
-                    break
-                p, drawn_any = drawn[0], True
-                taken.add(p)
-                mixed = belief.mixed_prob(p, step, n)
-                explore = random.Random(f"{self.seed}/explore/{self.epoch}/{p}").random() < c.adaptive_explore
-                if belief.seen(p) and mixed < c.adaptive_skip_below and not explore:
-                    self._skip(p, step)
-                elif mixed >= c.adaptive_direct_above and spend + n <= left:
-                    direct.append(p)
-                else:
-                    pilots.append(p)
-                    expected += mixed
-            short = (-(len(direct) + len(pilots) + len(extend))) % c.request_multiple
-            if short and (direct or pilots or extend):  # fill whole engine replicas with extra pilots
-                pilots += self._fresh(short, taken)
-            requests = [GenRequest(p, n, "full") for p in direct]
-            requests += [GenRequest(p, size, "pilot") for p in pilots]
-            requests += [GenRequest(e.prompt, min(size, self.n_p - len(e.samples)), "pilot") for e in extend]
-            self.pilot_batches += 1
-            results = self._call(generate, requests) if requests else []
-            for p, samples in zip(direct, results, strict=False):
-                belief.observe(p, [s.correct for s in samples], step)
-                groups.append(Group(p, samples))
-                self.counts["direct_groups"] += 1
-            rest = results[len(direct) :]
-            for p, samples in zip(pilots, rest, strict=False):
-                self._judge(_Entry(p, samples, step, self.pilot_batches), samples, step)
-            for e, samples in zip(extend, rest[len(pilots) :], strict=True):
-                self.counts["extended"] += 1
-                self._judge(_Entry(e.prompt, e.samples + samples, e.gen_step, self.pilot_batches), samples, step)
-            left = budget - (self.counts["generated"] - start)
-            chosen = self._select(step, rounds, self.B - len(groups), {g.prompt for g in groups}, left)
-            if chosen:
-                commits = [GenRequest(e.prompt, n - len(e.samples), "commit") for e in chosen]
-                for e, r in zip(chosen, self._call(generate, commits), strict=True):
-                    belief.observe(e.prompt, [s.correct for s in r], step)
-                    groups.append(Group(e.prompt, e.samples + r, len(e.samples)))
-            self._enforce_capacity()
-            if not requests and not chosen and not drawn_any:
-                break  # nothing left to pilot or commit (or nothing that fits): the pool is exhausted
-        self._flush_stale(step)
-        return Batch(groups, rounds)
-
-    def _skip(self, prompt: int, step: int) -> None:
-        """A prompt the posterior calls solved or hopeless: not piloted this epoch."""
-        if self.belief.all_correct_prob(prompt, step, self.n) >= self.cfg.adaptive_evict_confidence:
-            self.state[prompt] = "evicted"
-            self.counts["evicted"] += 1
-        else:
-            self.state[prompt] = "deferred"
-            self.n_deferred += 1
-        self.counts["skipped_confident"] += 1
-
-    def _judge(self, entry: _Entry, new: list[Sample], step: int) -> None:
-        """File an adaptive pilot (``new``: its latest samples): mixed → buffer; degenerate and
-        confidently so → deferred (or evicted); degenerate and inconclusive → extended next call
-        while under pilot_samples, else buffered when more likely mixed than not."""
-        self.belief.observe(entry.prompt, [s.correct for s in new], step)
-        correct = sum(s.correct for s in entry.samples)
-        if len(new) == len(entry.samples):  # a first pilot (extensions are not counted twice)
-            self.pilot_hist[min(correct, self.n_p)] += 1
-        mixed = self.belief.mixed_prob(entry.prompt, step, self.n)
-        if 0 < correct < len(entry.samples) or (len(entry.samples) >= self.n_p and mixed >= 0.5):
-            self.buffer[entry.prompt] = entry
-            self.state[entry.prompt] = "buffered"
-            return
-        if mixed >= self.cfg.adaptive_skip_below and len(entry.samples) < self.n_p:
-            self.pending.append(entry)
-            return
-        if self.belief.all_correct_prob(entry.prompt, step, self.n) >= self.cfg.adaptive_evict_confidence:
-            self.state[entry.prompt] = "evicted"
-            self.counts["evicted"] += 1
-        else:
-            self.state[entry.prompt] = "deferred"
-            self.n_deferred += 1
-            self.counts["deferred"] += 1
-        self._add("wasted_filtered", entry.samples)
 
     # ------------------------------------------------------------------ state
     def buffered_samples(self) -> int:
@@ -634,6 +400,6 @@ class Scheduler:
         self.state, self.counts, self.tokens = dict(sd["state"]), dict(sd["counts"]), dict(sd["tokens"])
         self.n_deferred = sum(s == "deferred" for s in self.state.values())
         self.pilot_batches = sd["pilot_batches"]
-        self.buffer = {e[0]: _Entry(*e) for e in sd["buffer"]}
-        self.pending = [_Entry(*e) for e in sd["pending"]]
+        self.buffer = {e[0]: Entry(*e) for e in sd["buffer"]}
+        self.pending = [Entry(*e) for e in sd["pending"]]
         self.belief.load_state_dict(sd["belief"])

@@ -1,0 +1,66 @@
+"""What the scheduler exchanges with the rollout side (requests, samples) and the learner (groups,
+batches), and its buffered pilots. Plain data: no engine, model or policy code."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenRequest:
+    prompt: int
+    n: int
+    phase: str  # "full" | "pilot" | "commit"
+
+
+@dataclass
+class Sample:
+    correct: bool
+    reward: float
+    policy_version: int = 0
+    payload: Any = None  # the engine's completion, opaque here
+    tokens: int = 0  # generated tokens, for the token accounting
+
+
+@dataclass
+class Group:
+    """One trained group: all samples share a baseline (pilot ∪ commit for Pilot-Commit)."""
+
+    prompt: int
+    samples: list[Sample]
+    pilot_samples: int = 0
+
+
+@dataclass
+class Entry:
+    """A buffered (or pending) pilot: its prompt and samples so far."""
+
+    prompt: int
+    samples: list[Sample]
+    gen_step: int  # the step that generated this pilot (its policy lag when trained at step t: t - gen_step)
+    seq: int = 0  # which pilot batch it came from (the same in bound and unbound mode): "recent" for ties
+
+    @property
+    def p_hat(self) -> float:
+        return sum(s.correct for s in self.samples) / len(self.samples)
+
+
+@dataclass
+class Batch:
+    groups: list[Group]
+    rounds: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """The step's metrics row: the stats under ``sched/``, and the cumulative rollouts and
+        generated tokens that the accuracy curves are plotted against."""
+        return {
+            "cum_rollouts": self.stats["cum_generated"],
+            "cum_generated_tokens": self.stats["cum_tokens_generated"],
+            **{f"sched/{k}": v for k, v in self.stats.items()},
+        }
+
+
+GenerateFn = Callable[[list[GenRequest]], list[list[Sample]]]
