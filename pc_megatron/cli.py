@@ -151,10 +151,20 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _survey(args: argparse.Namespace) -> int:
     from pc_megatron.config import load_config
-    from pc_megatron.survey import format_against, format_survey, observed, survey
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.survey import forecast, format_against, format_survey, observed, survey
 
     if args.load:
         res = json.loads(Path(args.load).read_text())
+        if args.recipe:  # forecast again from the saved counts under this recipe and its overrides
+            if "correct" not in res:
+                raise ConfigError(
+                    f"{args.load} was saved without per-prompt counts (before they were kept): run the survey "
+                    "again to forecast under another setting, or drop the recipe to print it as saved"
+                )
+            cfg = load_config(*_recipe_and_overrides(args))
+            kept = {k: res[k] for k in ("rollouts", "tokens", "wall_s") if k in res}
+            res = forecast(res["correct"], res["samples"], cfg, args.steps, args.bootstrap, kept)
     else:
         cfg = load_config(*_recipe_and_overrides(args))
         res = survey(cfg, args.prompts, args.samples, Path(args.out) if args.out else None, args.steps, args.bootstrap)
@@ -275,7 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     p_sv.add_argument("--steps", type=int, default=40, help="steps of each policy simulated on the fitted pool")
     p_sv.add_argument("--bootstrap", type=int, default=20, help="resamples of the prompts for the intervals")
     p_sv.add_argument("--out", metavar="DIR", help="write survey.json here")
-    p_sv.add_argument("--load", metavar="FILE", help="print a saved survey.json instead of sampling again")
+    p_sv.add_argument(
+        "--load",
+        metavar="FILE",
+        help="a saved survey.json instead of sampling again: printed as saved, or with RECIPE [overrides] "
+        "forecast again from its per-prompt counts under that setting (another n, B or scheduler)",
+    )
     p_sv.add_argument(
         "--against", nargs="+", metavar="RUN", help="runs of the recipe: their first --steps steps beside the forecast"
     )

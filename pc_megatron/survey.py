@@ -152,16 +152,28 @@ def survey(cfg: Any, prompts: int, samples: int | None, out: Path | None, steps:
     correct = [0] * len(rows)
     for c, res in zip(completions, scored.results, strict=True):
         correct[c.prompt_index] += int(res.correct)
+    sampled = {"rollouts": len(completions), "tokens": sum(len(c.token_ids) for c in completions)}
+    result = forecast(correct, samples, cfg, steps, boots, sampled)
+    result["wall_s"] = time.time() - t0
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "survey.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def forecast(correct: list[int], samples: int, cfg: Any, steps: int, boots: int, sampled: dict) -> dict:
+    """The survey's figures from per-prompt correct counts (of ``samples`` each) under ``cfg``'s
+    scheduler, B and n: what ``survey`` prints, and what ``--load FILE RECIPE`` recomputes from a saved
+    survey's counts (another n, B or scheduler setting, without sampling again)."""
     counts = [(c, samples) for c in correct]
     sched = OmegaConf.to_object(cfg.scheduler)
     B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
     prior, point, intervals, ratios, verdict = analyse(counts, sched, B, n, steps, boots, cfg.seed)
     alike = sum(c in (0, samples) for c in correct) / len(correct)
-    result = {
-        "prompts": len(rows),
+    return {
+        "prompts": len(correct),
         "samples": samples,
-        "rollouts": len(completions),
-        "tokens": sum(len(c.token_ids) for c in completions),
+        **sampled,
         "mean_pass_rate": sum(correct) / (len(correct) * samples),
         "histogram": _histogram(correct, samples),
         "observed_degenerate_at_k": alike,
@@ -177,12 +189,8 @@ def survey(cfg: Any, prompts: int, samples: int | None, out: Path | None, steps:
         "per_update_ratio_interval": {p: intervals[f"{p}/grpo per update"] for p in POLICIES},
         "verdict": verdict,
         "recipe": {"B": B, "n": n, "pilot_samples": sched.pilot_samples, "steps_simulated": steps},
-        "wall_s": time.time() - t0,
+        "correct": correct,  # per prompt, of ``samples``: enough to forecast again under another setting
     }
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "survey.json").write_text(json.dumps(result, indent=2))
-    return result
 
 
 def observed(run_dir: Path, steps: int) -> dict[str, Any]:

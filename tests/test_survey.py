@@ -159,7 +159,15 @@ def test_survey_of_the_tiny_recipe_then_against_a_run(tmp_path, cache_dir, capsy
     again = capsys.readouterr().out
     assert again.startswith(first.splitlines()[0]) and "vs 16.0; degenerate n=" in again
     assert "cannot tell a pass rate" not in first  # 8 samples for the recipe's n = 8
+    # forecast again from the saved per-prompt counts under another setting, without sampling
+    assert main(["survey", "--load", str(out / "survey.json"), "tiny", "algo.samples_per_prompt=16", *args[4:]]) == 0
+    forecast = capsys.readouterr().out
+    assert forecast.startswith(first.splitlines()[0]) and "| 1024.0   x grpo 1.00" in forecast  # B x n: 64 x 16
     res["recipe"]["n"] = 64  # the same survey read for a recipe of n = 64: 8 samples cannot resolve it
     (out / "survey.json").write_text(json.dumps(res))
     assert main(["survey", "--load", str(out / "survey.json")]) == 0
     assert "rerun with --samples 64" in capsys.readouterr().out
+    del res["correct"]  # a survey saved before the counts were kept: printed, not forecast again
+    (out / "survey.json").write_text(json.dumps(res))
+    assert main(["survey", "--load", str(out / "survey.json"), "tiny"]) == 2
+    assert "without per-prompt counts" in capsys.readouterr().err
