@@ -37,14 +37,15 @@ class Adaptive:
             taken = {g.prompt for g in groups} | {e.prompt for e in self.pending}
             # extensions of last call's inconclusive pilots go first; those that do not fit wait
             extend: list[Entry] = []
-            planned = 0
+            extend_sizes: list[int] = []  # each up to another pilot's size, not past pilot_samples
             for e in self.pending:
-                cost = min(size, self.n_p - len(e.samples))
-                if planned + cost > left:
+                more = min(size, self.n_p - len(e.samples))
+                if sum(extend_sizes) + more > left:
                     break
                 extend.append(e)
-                planned += cost
+                extend_sizes.append(more)
             self.pending = self.pending[len(extend) :]
+            planned = sum(extend_sizes)
             direct: list[int] = []
             pilots: list[int] = []
             # draw (at most B_gen) until the full groups, the buffer and the pilots' expected yield
@@ -76,7 +77,7 @@ class Adaptive:
                 pilots += self._fresh(short, taken)
             requests = [GenRequest(p, n, "full") for p in direct]
             requests += [GenRequest(p, size, "pilot") for p in pilots]
-            requests += [GenRequest(e.prompt, min(size, self.n_p - len(e.samples)), "pilot") for e in extend]
+            requests += [GenRequest(e.prompt, more, "pilot") for e, more in zip(extend, extend_sizes, strict=True)]
             self.pilot_batches += 1
             results = self._call(generate, requests) if requests else []
             for p, samples in zip(direct, results, strict=False):

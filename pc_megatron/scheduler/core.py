@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from itertools import accumulate
 
 from pc_megatron.data.sampler import epoch_permutation
 from pc_megatron.scheduler.adaptive import Adaptive
@@ -345,12 +346,8 @@ class Scheduler(PilotCommit, Adaptive):
             else:
                 entries.sort(key=lambda e: (-e.p_hat * (1 - e.p_hat), -e.seq, e.prompt))
                 entries = entries[:need]
-        if budget < math.inf:
-            costs = [self.n - len(e.samples) for e in entries]
-            fit = 0
-            while fit < len(entries) and sum(costs[: fit + 1]) <= budget:
-                fit += 1
-            entries = entries[:fit]
+        # the running commit cost only grows, so the entries that fit are a prefix
+        entries = entries[: sum(1 for total in accumulate(self.n - len(e.samples) for e in entries) if total <= budget)]
         for e in entries:
             del self.buffer[e.prompt]
             self.state[e.prompt] = "used"
