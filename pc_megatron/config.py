@@ -10,15 +10,15 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from pc_megatron.algo.loss import LossConfig
+from pc_megatron.algo.config import AlgoConfig
 from pc_megatron.data.synthetic import SyntheticTaskConfig, validate_mix, validate_pool
 from pc_megatron.data.word_problems import WordProblemsConfig
-from pc_megatron.errors import ConfigError
+from pc_megatron.errors import ConfigError, positive
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.tiny import TinyModelConfig
 from pc_megatron.rewards import RewardConfig
@@ -65,42 +65,6 @@ class DataConfig:
     with no train_path = the embedded synthetic task."""
     word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)
     synthetic: SyntheticTaskConfig = field(default_factory=SyntheticTaskConfig)
-
-
-@dataclass
-class AlgoConfig:
-    """Allocation of rollouts and the policy-gradient update."""
-
-    prompts_per_step: int = 32
-    """B: prompts (groups) per update."""
-    samples_per_prompt: int = 8
-    """n: rollouts per prompt (GRPO group size)."""
-    old_logprobs: str = "fused"
-    """Where the old policy's log-probs come from: 'fused' = the update's own forward (one
-    optimizer step per batch: the old policy is the current one; saves a forward pass),
-    'separate' = a forward-only pass before the update (the textbook order; same result). With
-    several optimizer steps per batch the separate pass is always made."""
-    skip_zero_advantage: bool = True
-    """Leave the rows whose advantage is zero (every row of an all-alike group) out of the
-    learner's forward and backward: their policy-gradient term is zero, so the update is the same
-    (the loss is still divided by the whole mini-batch's units) at a fraction of the compute when
-    many groups are degenerate. Only when nothing else acts on them (algo.loss.kl_coef and
-    entropy_coef 0); at least one row per data-parallel rank is kept so every optimizer step is
-    taken. Training statistics (entropy, clip fraction, log-prob mismatch) then cover the rows
-    trained."""
-    mini_batch_size: int = 0
-    """Prompts (groups, with all their rollouts) per optimizer step: the batch's groups are cut in
-    order into mini-batches of this many, one step each (verl's ppo_mini_batch_size, in prompts);
-    0 = all of the step's prompts in one optimizer step."""
-    mini_batch_rollouts: int = 0
-    """Rollouts per optimizer step instead (0 = off; excludes mini_batch_size): the batch's rollouts
-    cut in order every this many, a group possibly straddling two (advantages come from whole groups
-    first). The paper's public recipe sizes its PPO mini-batch this way from the commit size (32
-    prompts x n_c), so a Pilot-Commit step, which trains n_p + n_c rollouts a prompt, takes more
-    optimizer steps than GRPO's; this reproduces that sizing where an experiment must."""
-    epochs: int = 1
-    """Passes over the step's mini-batches (PPO epochs); each pass takes every mini-batch again."""
-    loss: LossConfig = field(default_factory=LossConfig)
 
 
 @dataclass
@@ -230,11 +194,22 @@ def _closest(key: str) -> str:
     return f"; did you mean {', '.join(near)}?" if near else "; see `pc-megatron config show` for valid keys"
 
 
+def _choices(owner: Any, key: Any) -> tuple:
+    """The allowed values of field ``key`` of dataclass ``owner`` when it is a ``Literal``, else ()."""
+    if not (isinstance(owner, type) and is_dataclass(owner) and isinstance(key, str)):
+        return ()
+    hint = get_type_hints(owner).get(key)
+    return get_args(hint) if get_origin(hint) is Literal else ()
+
+
 def _friendly(e: OmegaConfBaseException, source: str) -> ConfigError:
     key = getattr(e, "full_key", None) or "?"
     if isinstance(e, ConfigKeyError):
         return ConfigError(f"{source}: unknown config key '{key}'{_closest(key)}")
     if isinstance(e, ValidationError):
+        choices = _choices(e.ref_type, e.key)
+        if choices:  # the message each component's own check gave when choices were plain strings
+            return ConfigError(f"{key}: '{e.value}' is not one of {', '.join(map(str, choices))}")
         msg = str(e).splitlines()[0]
         return ConfigError(f"{source}: bad value for '{key}': {msg}")
     return ConfigError(f"{source}: {str(e).splitlines()[0]}")
@@ -305,30 +280,10 @@ def load_config(recipe: str | None = "tiny", overrides: list[str] | tuple[str, .
 
 
 def validate(cfg: Any) -> None:
-    def positive(key: str, value: float) -> None:
-        if value <= 0:
-            raise ConfigError(f"{key} must be > 0 (got {value})")
-
     positive("steps", cfg.steps)
     positive("threads", cfg.threads)
-    positive("algo.prompts_per_step", cfg.algo.prompts_per_step)
-    positive("algo.samples_per_prompt", cfg.algo.samples_per_prompt)
     positive("eval.samples_per_prompt", cfg.eval.samples_per_prompt)
-    loss = cfg.algo.loss
-    if not (0 <= loss.clip_low < 1 and loss.clip_high >= 0):
-        raise ConfigError("algo.loss.clip_low must be in [0, 1) and clip_high >= 0")
-    if cfg.algo.mini_batch_size < 0:
-        raise ConfigError("algo.mini_batch_size must be >= 0 (prompts per optimizer step; 0 = the whole batch)")
-    if cfg.algo.mini_batch_rollouts < 0:
-        raise ConfigError("algo.mini_batch_rollouts must be >= 0 (rollouts per optimizer step; 0 = off)")
-    if cfg.algo.mini_batch_rollouts and cfg.algo.mini_batch_size:
-        raise ConfigError("algo.mini_batch_size and algo.mini_batch_rollouts both size the mini-batch: set one of them")
-    positive("algo.epochs", cfg.algo.epochs)
-    OmegaConf.to_object(loss).validate()
-    if cfg.algo.old_logprobs not in ("fused", "separate"):
-        raise ConfigError(f"algo.old_logprobs: '{cfg.algo.old_logprobs}' is not one of fused, separate")
-    if loss.tis_cap != 0 and loss.tis_cap < 1:
-        raise ConfigError(f"algo.loss.tis_cap must be 0 (off) or >= 1 (got {loss.tis_cap}); 2.0 is a common cap")
+    OmegaConf.to_object(cfg.algo).validate()
     if cfg.eval.temperature == 0 and cfg.eval.samples_per_prompt != 1:
         raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
     if cfg.data.train_path and not cfg.data.eval_path and not cfg.eval.sets:

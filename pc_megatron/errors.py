@@ -23,3 +23,9 @@ class RewardError(UserError):
 
 class TrainingError(UserError):
     """The run cannot continue (e.g. a non-finite loss); the last checkpoint is intact."""
+
+
+def positive(key: str, value: float) -> None:
+    """A config value that must be > 0: one ConfigError naming the key and the value otherwise."""
+    if value <= 0:
+        raise ConfigError(f"{key} must be > 0 (got {value})")

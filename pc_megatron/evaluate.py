@@ -95,7 +95,7 @@ def expected_accuracy(
     spellings. With ``weights`` (family -> share, e.g. the task's mix) the overall figure is the
     weighted mean of the family means (a stratified estimate: the population of the mix even
     where the set over- or under-represents a family), else the plain mean."""
-    from pc_megatron.rollout.batch import sft_batch
+    from pc_megatron.batch import sft_batch
 
     batch = sft_batch(tokenizer, rows)
     p = (learner.logprobs(batch, temperature) * batch.loss_mask).sum(1).exp().tolist()

@@ -22,12 +22,12 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from pc_megatron.batch import sft_batch
 from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
 from pc_megatron.data.synthetic import pool_candidates, split_fields
 from pc_megatron.data.task import Task, cache_root, config_hash
 from pc_megatron.errors import ConfigError
 from pc_megatron.model.tiny import load_tokenizer
-from pc_megatron.rollout.batch import sft_batch
 from pc_megatron.warmstart import warm_start_key
 
 POOL_FORMAT = 1  # bump when the selection changes, to invalidate cached pools

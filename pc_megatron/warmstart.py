@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from pc_megatron.batch import sft_batch
 from pc_megatron.checkpoint import export_hf
 from pc_megatron.data.sampler import PromptSampler
 from pc_megatron.data.synthetic import split_fields
@@ -20,7 +21,6 @@ from pc_megatron.errors import ConfigError
 from pc_megatron.learner import Learner
 from pc_megatron.model.resolve import base_model_dir
 from pc_megatron.model.tiny import load_tokenizer
-from pc_megatron.rollout.batch import sft_batch
 
 WARMSTART_FORMAT = 1  # bump when the SFT procedure changes, to invalidate caches
 SHIPPED = Path(__file__).resolve().parent / "assets" / "warmstart"

@@ -61,7 +61,7 @@ def test_hf_to_megatron_to_hf_round_trip_loads_in_transformers(hf_model, tmp_pat
 
 def test_training_checkpoint_to_hf(tiny_model_dir, tmp_path):
     from pc_megatron.algo import LossConfig
-    from pc_megatron.learner import TokenBatch
+    from pc_megatron.batch import TokenBatch
 
     learner = Learner(tiny_model_dir, LearnerConfig(lr=1e-2), seed=0)
     tokens = torch.randint(2, 23, (2, 6), generator=torch.Generator().manual_seed(3))

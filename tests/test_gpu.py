@@ -8,9 +8,9 @@ GPU check in one call (docs/LOG.md has what ran where, and what was skipped for 
 import pytest
 import torch
 
-from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
+from pc_megatron.batch import TokenBatch, completions_to_batch, logprob_mismatch
+from pc_megatron.learner import Learner, LearnerConfig
 from pc_megatron.rollout.base import SamplingParams
-from pc_megatron.rollout.batch import completions_to_batch, logprob_mismatch
 from pc_megatron.rollout.hf_engine import HFEngine
 
 pytestmark = pytest.mark.gpu

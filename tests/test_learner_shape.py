@@ -15,9 +15,10 @@ from test_model_families import make_hf_model
 from test_parallel import torchrun
 
 from pc_megatron.algo import LossConfig
+from pc_megatron.batch import TokenBatch
 from pc_megatron.config import load_config
 from pc_megatron.errors import ConfigError
-from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
+from pc_megatron.learner import Learner, LearnerConfig
 from pc_megatron.weight_sync.sharding import unshard
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
@@ -191,7 +192,7 @@ def test_mini_batches_first_step_is_a_single_step_on_its_rows_and_later_steps_cl
     equals one step on the first group alone; the later ones see ratios away from 1 and clip."""
     from pc_megatron.algo.advantages import group_advantages
     from pc_megatron.algo.update import rl_update
-    from pc_megatron.rollout.batch import completions_to_batch
+    from pc_megatron.batch import completions_to_batch
     from pc_megatron.rollout.worker import PhaseTimes
 
     groups, prompts, tok = _groups(4, 4)
@@ -276,7 +277,7 @@ def test_rows_of_all_alike_groups_skipped_give_the_same_step_at_less_compute(rag
     # the negative control: the same rows trained without the whole batch's divisor differ
     learner = Learner(ragged_model, LearnerConfig(lr=1e-3, clip_grad=0.0, max_tokens_per_micro_batch=64), seed=0)
     from pc_megatron.algo.advantages import group_advantages
-    from pc_megatron.rollout.batch import completions_to_batch
+    from pc_megatron.batch import completions_to_batch
 
     batch, _ = completions_to_batch(prompts, [s.payload for g in groups for s in g.samples], 0)
     rewards = torch.tensor([s.reward for g in groups for s in g.samples])

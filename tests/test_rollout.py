@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from pc_megatron.batch import completions_to_batch, group_stats
 from pc_megatron.rollout.base import SamplingParams
-from pc_megatron.rollout.batch import completions_to_batch, group_stats
 from pc_megatron.rollout.hf_engine import HFEngine
 
 

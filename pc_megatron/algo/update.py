@@ -22,8 +22,9 @@ import dataclasses
 import torch
 
 from pc_megatron.algo.advantages import group_advantages
-from pc_megatron.algo.loss import LossConfig, aggregation_weights
-from pc_megatron.rollout.batch import completions_to_batch, group_stats, logprob_mismatch
+from pc_megatron.algo.config import LossConfig
+from pc_megatron.algo.loss import aggregation_weights
+from pc_megatron.batch import completions_to_batch, group_stats, logprob_mismatch
 from pc_megatron.rollout.worker import PhaseTimes
 from pc_megatron.scheduler import Group
 

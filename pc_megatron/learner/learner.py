@@ -16,14 +16,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from kernels.grpo_loss import logprob_entropy
-from pc_megatron.algo.loss import LossConfig, aggregation_weights, policy_loss
+from pc_megatron.algo.config import LossConfig
+from pc_megatron.algo.loss import aggregation_weights, policy_loss
+from pc_megatron.batch import TokenBatch
 from pc_megatron.errors import ModelFileError, TrainingError
 from pc_megatron.learner.checkpoint_io import load_state, save_state
 from pc_megatron.learner.config import LearnerConfig
@@ -46,29 +47,6 @@ from pc_megatron.weight_sync.sharding import (
 )
 
 _WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # parameter dtypes, by index on the wire
-
-
-@dataclass
-class TokenBatch:
-    """``tokens: (N, S) int64`` right-padded; ``loss_mask: (N, S-1) float32`` (1 = trained)."""
-
-    tokens: torch.Tensor
-    loss_mask: torch.Tensor
-
-    def __len__(self) -> int:
-        return self.tokens.shape[0]
-
-    def rows(self, idx: slice | torch.Tensor) -> TokenBatch:
-        return TokenBatch(self.tokens[idx], self.loss_mask[idx])
-
-    def lengths(self) -> list[int]:
-        """Tokens of each row that matter: up to the target of its last trained position (mask
-        column ``t`` trains ``tokens[t + 1]``); all ``S`` for a row with nothing trained (logits and
-        log-probs of whole rows). The right padding after them is never computed."""
-        n, s = self.tokens.shape
-        trained = self.loss_mask.detach().cpu() != 0
-        last = (s - 2) - trained.flip(1).to(torch.int8).argmax(1)
-        return torch.where(trained.any(1), last + 2, torch.full((n,), s)).tolist()
 
 
 def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:

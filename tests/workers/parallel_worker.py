@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from pc_megatron.algo import LossConfig
-from pc_megatron.learner import Learner, LearnerConfig, TokenBatch
+from pc_megatron.batch import TokenBatch
+from pc_megatron.learner import Learner, LearnerConfig
 
 
 def batch(seed: int) -> TokenBatch:

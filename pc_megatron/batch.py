@@ -1,13 +1,38 @@
-"""Turn completions (or prompt + answer rows) into the learner's right-padded token batch, and measure
-what came back."""
+"""The learner's wire type and the helpers around it: completions (or prompt + answer rows) into
+right-padded token batches, and what came back measured. Torch only: the learner, the engines'
+callers and the update all meet here, below each of them."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from pc_megatron.data.dataset import PromptRow
-from pc_megatron.learner.learner import TokenBatch
 from pc_megatron.rollout.base import Completion
+
+
+@dataclass
+class TokenBatch:
+    """``tokens: (N, S) int64`` right-padded; ``loss_mask: (N, S-1) float32`` (1 = trained)."""
+
+    tokens: torch.Tensor
+    loss_mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def rows(self, idx: slice | torch.Tensor) -> TokenBatch:
+        return TokenBatch(self.tokens[idx], self.loss_mask[idx])
+
+    def lengths(self) -> list[int]:
+        """Tokens of each row that matter: up to the target of its last trained position (mask
+        column ``t`` trains ``tokens[t + 1]``); all ``S`` for a row with nothing trained (logits and
+        log-probs of whole rows). The right padding after them is never computed."""
+        n, s = self.tokens.shape
+        trained = self.loss_mask.detach().cpu() != 0
+        last = (s - 2) - trained.flip(1).to(torch.int8).argmax(1)
+        return torch.where(trained.any(1), last + 2, torch.full((n,), s)).tolist()
 
 
 def completions_to_batch(
