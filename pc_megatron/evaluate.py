@@ -10,7 +10,7 @@ from typing import Any
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.base import RolloutEngine, SamplingParams
-from pc_megatron.rollout.worker import encode_prompts, generate_and_score
+from pc_megatron.rollout.generate import encode_prompts, generate_and_score
 
 
 def evaluate(

@@ -133,7 +133,7 @@ def survey(cfg: Any, prompts: int, samples: int | None, out: Path | None, steps:
     from pc_megatron.prepare import prepare_run
     from pc_megatron.rewards.pool import RewardPool
     from pc_megatron.rollout.engines import build_engine
-    from pc_megatron.rollout.worker import encode_prompts, generate_and_score
+    from pc_megatron.rollout.generate import encode_prompts, generate_and_score
 
     t0 = time.time()
     torch.set_num_threads(cfg.threads)

@@ -29,10 +29,11 @@ from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
 from pc_megatron.data.task import expected_eval_set
 from pc_megatron.evaluate import evaluate, evaluate_sets, expected_accuracy
 from pc_megatron.observability import MetricsLog, summarize
+from pc_megatron.phases import PhaseTimes
 from pc_megatron.preemption import RunStopped, StopRequests, record_processes
 from pc_megatron.prepare import prepare_run
 from pc_megatron.rewards.pool import RewardPool
-from pc_megatron.rollout.worker import PhaseTimes, Rollouts
+from pc_megatron.rollout.generate import Rollouts
 from pc_megatron.runtime import build_runtime
 from pc_megatron.scheduler import Scheduler
 

@@ -193,7 +193,7 @@ def test_mini_batches_first_step_is_a_single_step_on_its_rows_and_later_steps_cl
     from pc_megatron.algo.advantages import group_advantages
     from pc_megatron.algo.update import rl_update
     from pc_megatron.batch import completions_to_batch
-    from pc_megatron.rollout.worker import PhaseTimes
+    from pc_megatron.phases import PhaseTimes
 
     groups, prompts, tok = _groups(4, 4)
     cfg = LearnerConfig(lr=3e-2, max_tokens_per_micro_batch=64)
@@ -221,7 +221,7 @@ def test_mini_batches_first_step_is_a_single_step_on_its_rows_and_later_steps_cl
 
 def test_two_epochs_take_every_mini_batch_twice(ragged_model):
     from pc_megatron.algo.update import rl_update
-    from pc_megatron.rollout.worker import PhaseTimes
+    from pc_megatron.phases import PhaseTimes
 
     groups, prompts, tok = _groups(4, 2)
     rec = _Recording(Learner(ragged_model, LearnerConfig(lr=1e-3), seed=0))
@@ -235,7 +235,7 @@ def test_mini_batches_sized_in_rollouts_take_the_public_recipes_extra_steps(ragg
     here 4 prompts of 2 + 4 rollouts, mini-batches of 2 x 4 rollouts: 3 steps where 2 prompts a
     mini-batch take 2. A group may straddle two mini-batches; every row is trained once."""
     from pc_megatron.algo.update import mini_batches, rl_update
-    from pc_megatron.rollout.worker import PhaseTimes
+    from pc_megatron.phases import PhaseTimes
 
     groups, prompts, tok = _groups(4, 6)
     parts = mini_batches(groups, 0, mini_batch_rollouts=8)
@@ -254,7 +254,7 @@ def test_rows_of_all_alike_groups_skipped_give_the_same_step_at_less_compute(rag
     of the forward and backward gives the weights the full batch gives (the loss keeps the whole
     batch's divisor), and trains half the tokens."""
     from pc_megatron.algo.update import rl_update
-    from pc_megatron.rollout.worker import PhaseTimes
+    from pc_megatron.phases import PhaseTimes
 
     groups, prompts, tok = _groups(4, 4)
     for g, value in ((groups[1], 1.0), (groups[3], 0.0)):

@@ -10,7 +10,7 @@ import pytest
 
 from pc_megatron import observability
 from pc_megatron.config import load_config
-from pc_megatron.rollout.worker import PhaseTimes
+from pc_megatron.phases import PhaseTimes
 from pc_megatron.train import stream_seed
 
 

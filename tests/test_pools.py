@@ -15,7 +15,7 @@ from pc_megatron.rewards import RewardConfig
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.base import RolloutConfig
 from pc_megatron.rollout.engines import build_engine
-from pc_megatron.rollout.worker import encode_prompts, generate_and_score
+from pc_megatron.rollout.generate import encode_prompts, generate_and_score
 from pc_megatron.warmstart import ensure_warm_start, initial_policy_dir
 
 

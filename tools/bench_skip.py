@@ -67,7 +67,7 @@ def main() -> None:
     from pc_megatron.algo import LossConfig
     from pc_megatron.algo.update import rl_update
     from pc_megatron.learner import Learner, LearnerConfig
-    from pc_megatron.rollout.worker import PhaseTimes
+    from pc_megatron.phases import PhaseTimes
 
     torch.set_num_threads(args.threads)
     groups, prompts = groups_of(args, SHAPES[args.shape]["vocab_size"])

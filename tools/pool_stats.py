@@ -23,7 +23,7 @@ from pc_megatron.model.tiny import load_tokenizer
 from pc_megatron.pools import select_pool
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.engines import build_engine
-from pc_megatron.rollout.worker import encode_prompts, generate_and_score
+from pc_megatron.rollout.generate import encode_prompts, generate_and_score
 from pc_megatron.warmstart import ensure_warm_start
 
 

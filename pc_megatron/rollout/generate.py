@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import time
 
 from pc_megatron.data.dataset import PromptRow
-from pc_megatron.phases import phase_range
+from pc_megatron.phases import PhaseTimes
 from pc_megatron.rewards import overlong_penalty
 from pc_megatron.rewards.pool import RewardPool, Scored
 from pc_megatron.rollout.base import Completion, RolloutEngine, SamplingParams
@@ -40,39 +38,6 @@ def generate_and_score(
         owners = [rows[c.prompt_index] for c in completions]
         scored = rewards.score(texts, [r.answer for r in owners], [r.id for r in owners])
     return completions, scored
-
-
-class PhaseTimes:
-    """Wall seconds per phase of one step, as ``time_<phase>_s`` metrics. Phases nest and are
-    exclusive: a phase's own time leaves out the phases timed inside it, so they add up to the
-    step's time. Each phase is also a named range for a profile (``pc_megatron.phases``)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._inner: list[float] = []  # per open phase: time spent in phases nested inside it
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str):
-        t0 = time.perf_counter()
-        self._inner.append(0.0)
-        try:
-            with phase_range(phase):
-                yield
-        finally:
-            dt = time.perf_counter() - t0
-            own = dt - self._inner.pop()
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + own
-            if self._inner:
-                self._inner[-1] += dt
-
-    def carve(self, phase: str, part: str, seconds: float) -> None:
-        """Move ``seconds`` of ``phase``'s time to ``part``: a sub-phase measured elsewhere (the
-        learner times its optimizer step inside the ``train`` call)."""
-        self.seconds[phase] = self.seconds.get(phase, 0.0) - seconds
-        self.seconds[part] = self.seconds.get(part, 0.0) + seconds
-
-    def metrics(self) -> dict[str, float]:
-        return {f"time_{k}_s": v for k, v in self.seconds.items()}
 
 
 class Rollouts:
