@@ -8,7 +8,7 @@ the key and the closest valid keys.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -16,131 +16,19 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from pc_megatron.algo.config import AlgoConfig
-from pc_megatron.data.synthetic import SyntheticTaskConfig, validate_mix, validate_pool
-from pc_megatron.data.word_problems import WordProblemsConfig
+from pc_megatron.checkpoint import CheckpointConfig
+from pc_megatron.data.config import DataConfig
 from pc_megatron.errors import ConfigError, positive
+from pc_megatron.evaluate import EvalConfig
 from pc_megatron.learner.config import LearnerConfig
-from pc_megatron.model.tiny import TinyModelConfig
+from pc_megatron.model.config import ModelConfig
 from pc_megatron.rewards import RewardConfig
 from pc_megatron.rollout.base import RolloutConfig
 from pc_megatron.runtime.ray_cluster import RayConfig
 from pc_megatron.scheduler import SchedulerConfig
+from pc_megatron.warmstart import WarmStartConfig
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-@dataclass
-class ModelConfig:
-    """The initial policy."""
-
-    path: str = ""
-    """Hugging Face model folder; empty = model.fixture, else the embedded tiny Qwen2 policy."""
-    fixture: str = ""
-    """A real pretrained model materialised on first use as an HF folder in the cache
-    (pc_megatron/model/fixtures.py): 'smollm2-135m-instruct' (needs the real-lm extra)."""
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-
-
-@dataclass
-class DataConfig:
-    """Prompt datasets."""
-
-    train_path: str = ""
-    """JSONL/Parquet with id, prompt, answer, or verl's schema (chat messages in ``prompt``,
-    ``reward_model.ground_truth``); empty = the embedded synthetic task."""
-    eval_path: str = ""
-    """Held-out JSONL/Parquet (as ``eval_accuracy``); with train_path, this or ``eval.sets``."""
-    chat_template: str = "auto"
-    """Apply the tokenizer's chat template: 'auto' = to rows given as chat messages, 'always' =
-    also to plain prompts (as one user message), 'never'."""
-    instruction: str = ""
-    """Appended to the last user message of every prompt (train and eval), e.g. the recipe's
-    "Let's think step by step and output the final answer within \\boxed{}."."""
-    max_prompt_tokens: int = 0
-    """Leave out prompts longer than this many tokens (after the template; counted and
-    reported as ``data/dropped_long_prompts``); 0 = keep all."""
-    generator: str = ""
-    """Rows made by the project instead of read from files: 'word_problems' (arithmetic word
-    problems on a difficulty ladder, data.word_problems; train and held-out splits, cached). Empty
-    with no train_path = the embedded synthetic task."""
-    word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)
-    synthetic: SyntheticTaskConfig = field(default_factory=SyntheticTaskConfig)
-
-
-@dataclass
-class WarmStartConfig:
-    """SFT warm-start on the same learner before RL (cached by its inputs)."""
-
-    enabled: bool = True
-    """Run (or reuse) the warm-start; false = start RL from model.path as is."""
-    steps: int = 3000
-    """SFT optimizer steps."""
-    batch_size: int = 64
-    """Examples per SFT step."""
-    lr: float = 1e-3
-    """SFT learning rate (cosine decay to 10%)."""
-    data_path: str = ""
-    """SFT rows (prompt + answer); empty = the synthetic task's SFT split."""
-    cache_dir: str = ""
-    """Where warm-starts and generated tasks are cached; empty = $PC_MEGATRON_CACHE or ~/.cache/pc-megatron."""
-
-
-@dataclass
-class EvalSetConfig:
-    """One benchmark of ``eval.sets``."""
-
-    path: str = ""
-    """JSONL/Parquet, flat or verl's schema."""
-    name: str = ""
-    """Metric name (``eval/<name>``); empty = the file name without extension."""
-    repeats: int = 1
-    """Samples per prompt: the accuracy is avg@repeats (e.g. 32 for AIME)."""
-    temperature: float | None = None
-    """Sampling temperature; empty = eval.temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling (the recipe validates at temperature 1.0, top-p 0.7)."""
-    max_new_tokens: int = 0
-    """0 = eval.max_new_tokens (or rollout.max_new_tokens)."""
-
-
-@dataclass
-class EvalConfig:
-    """Held-out evaluation."""
-
-    sets: list[EvalSetConfig] = field(default_factory=list)
-    """Benchmarks evaluated beside data.eval_path, each logged as ``eval/<name>`` with their
-    mean as ``eval/mean``; without data.eval_path, ``eval_accuracy`` is that mean."""
-
-    every_steps: int = 10
-    """Evaluate every this many RL steps (and at the start and the end)."""
-    num_prompts: int = 0
-    """Held-out prompts used; 0 = all."""
-    samples_per_prompt: int = 1
-    """k: accuracy is the mean over k samples per prompt."""
-    temperature: float = 0.0
-    """0 = greedy (then k should be 1)."""
-    max_new_tokens: int = 0
-    """0 = rollout.max_new_tokens."""
-    expected: bool = True
-    """Also ``eval_expected_accuracy``: the exact expected accuracy of a sample at
-    rollout.temperature (no top-p), P(answer + EOS | prompt) from one teacher-forced learner
-    pass, over the held-out split plus ``data.synthetic.num_eval_expected`` more held-out
-    prompts, family means weighted by the task's mix. Far less noisy than sampled or greedy
-    accuracy over a few hundred prompts; ignores other correct spellings (a slight
-    under-estimate). Embedded task only."""
-
-
-@dataclass
-class CheckpointConfig:
-    """Training-state checkpoints."""
-
-    every_steps: int = 25
-    """Save every this many RL steps (and at the end); 0 = only at the end."""
-    keep_last: int = 2
-    """Checkpoints kept on disk."""
-    on_signal: bool = True
-    """On SIGTERM or SIGUSR1 (a scheduler preempting the job), finish the step and save a checkpoint
-    before stopping (false: stop after the step without one)."""
 
 
 @dataclass
@@ -158,7 +46,7 @@ class RunConfig:
     under runtime=ray (1 is fastest for the tiny model on a shared 2-core machine)."""
     progress: bool = True
     """Show a progress bar."""
-    runtime: str = "local"
+    runtime: Literal["local", "ray"] = "local"
     """'local' (one process, no Ray: the CPU default) or 'ray' (learner ranks and engine replicas
     as Ray actors, one node or many; see `ray.*`)."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -259,8 +147,8 @@ def _without_inherit(node):
     return node
 
 
-def load_config(recipe: str | None = "tiny", overrides: list[str] | tuple[str, ...] = ()) -> Any:
-    """Return the resolved, validated config (an OmegaConf object typed as ``RunConfig``)."""
+def _merged(recipe: str | None, overrides: list[str] | tuple[str, ...]) -> Any:
+    """The schema with the recipe chain and the overrides merged on, type-checked (not validated)."""
     cfg = OmegaConf.structured(RunConfig)
     if recipe:
         for path in _recipe_chain(recipe_path(recipe)):
@@ -275,75 +163,41 @@ def load_config(recipe: str | None = "tiny", overrides: list[str] | tuple[str, .
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as e:
             raise _friendly(e, f"override '{item}'") from None
+    return cfg
+
+
+def load_config(recipe: str | None = "tiny", overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """The resolved, validated run config: a recipe (a name in configs/ or a YAML path, with the
+    recipes it inherits) and ``key=value`` overrides, each section checked by its owner."""
+    cfg: RunConfig = OmegaConf.to_object(_merged(recipe, overrides))
     validate(cfg)
     return cfg
 
 
-def validate(cfg: Any) -> None:
+def read_run_config(path: str | Path) -> RunConfig:
+    """A run's saved ``config.yaml`` as it is, type-checked but not validated (its files may live on
+    another machine): for reading a finished run's settings."""
+    return OmegaConf.to_object(_merged(str(path), ()))
+
+
+def validate(cfg: RunConfig) -> None:
+    """Each section validates itself; what spans sections is checked here."""
     positive("steps", cfg.steps)
     positive("threads", cfg.threads)
-    positive("eval.samples_per_prompt", cfg.eval.samples_per_prompt)
-    OmegaConf.to_object(cfg.algo).validate()
-    if cfg.eval.temperature == 0 and cfg.eval.samples_per_prompt != 1:
-        raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
+    if cfg.runtime not in ("local", "ray"):
+        raise ConfigError(f"runtime: '{cfg.runtime}' is not one of local, ray")
+    for section in (cfg.algo, cfg.eval, cfg.data, cfg.model, cfg.checkpoint, cfg.ray, cfg.learner, cfg.rollout):
+        section.validate()
     if cfg.data.train_path and not cfg.data.eval_path and not cfg.eval.sets:
         if not Path(cfg.data.train_path).is_file():  # the first thing to fix (recipes may name files elsewhere)
             raise ConfigError(f"data.train_path={cfg.data.train_path}: no such file (JSONL or Parquet prompt rows)")
         raise ConfigError(
             "data.train_path needs held-out data: set data.eval_path or eval.sets (held-out accuracy needs one)"
         )
-    if cfg.data.chat_template not in ("auto", "always", "never"):
-        raise ConfigError(f"data.chat_template: '{cfg.data.chat_template}' is not one of auto, always, never")
-    if cfg.data.max_prompt_tokens < 0:
-        raise ConfigError("data.max_prompt_tokens must be >= 0 (0 = no limit)")
-    names = []
-    for i, s in enumerate(cfg.eval.sets):
-        if not s.path:
-            raise ConfigError(f"eval.sets[{i}]: set its path (a JSONL or Parquet file)")
-        if s.repeats < 1:
-            raise ConfigError(f"eval.sets[{i}].repeats={s.repeats}: must be >= 1")
-        temperature = cfg.eval.temperature if s.temperature is None else s.temperature
-        if temperature == 0 and s.repeats > 1:
-            raise ConfigError(f"eval.sets[{i}]: repeats > 1 needs a temperature > 0 (greedy samples are identical)")
-        if not 0 < s.top_p <= 1:
-            raise ConfigError(f"eval.sets[{i}].top_p={s.top_p}: must be in (0, 1]")
-        names.append(s.name or Path(s.path).stem)
-    if len(set(names)) < len(names):
-        raise ConfigError(f"eval.sets: two sets share a name ({names}); give each a name")
-    if cfg.data.generator not in ("", "word_problems"):
-        raise ConfigError(f"data.generator: '{cfg.data.generator}' is not one of '' (none), word_problems")
-    if cfg.data.generator and cfg.data.train_path:
-        raise ConfigError("data.generator makes the training rows: unset data.train_path (or the generator)")
-    if cfg.data.generator:
-        OmegaConf.to_object(cfg.data.word_problems).validate()
-    if cfg.model.path and cfg.model.fixture:
-        raise ConfigError("model.path and model.fixture both name the initial policy: set one of them")
-    if cfg.model.fixture:
-        from pc_megatron.model.fixtures import FIXTURES
-
-        if cfg.model.fixture not in FIXTURES:
-            raise ConfigError(f"model.fixture: unknown fixture '{cfg.model.fixture}'; known: {sorted(FIXTURES)}")
-    if not cfg.data.train_path and not cfg.data.generator:
-        validate_mix(dict(cfg.data.synthetic.mix))
-        syn = cfg.data.synthetic
-        validate_pool(syn.pool, list(syn.easy_pass_band), syn.hopeless_frac, syn.solved_frac)
-        if not 0 <= syn.pool_size <= syn.num_train:
-            raise ConfigError(
-                f"data.synthetic.pool_size={syn.pool_size}: must be between 0 (all) and num_train={syn.num_train}"
-            )
-    elif cfg.data.synthetic.pool != "hard":
-        raise ConfigError("data.synthetic.pool selects a pool of the embedded task: unset it with data.train_path")
-    if cfg.runtime not in ("local", "ray"):
-        raise ConfigError(f"runtime: '{cfg.runtime}' is not one of local, ray")
-    OmegaConf.to_object(cfg.ray).validate()
-    OmegaConf.to_object(cfg.learner).validate()
-    rollout = OmegaConf.to_object(cfg.rollout)
-    rollout.validate()
-    rollout.weight_sync.check_runtime(cfg.runtime)
-    OmegaConf.to_object(cfg.reward).validate()
-    sched = OmegaConf.to_object(cfg.scheduler)
-    sched.validate()
-    if sched.pilot_samples >= cfg.algo.samples_per_prompt:
+    cfg.rollout.weight_sync.check_runtime(cfg.runtime)
+    cfg.reward.validate()
+    cfg.scheduler.validate()
+    if cfg.scheduler.pilot_samples >= cfg.algo.samples_per_prompt:
         raise ConfigError("scheduler.pilot_samples must be < algo.samples_per_prompt (the rest are committed)")
 
 
@@ -369,8 +223,8 @@ RESUME_SAFE = (
 
 
 def leaf_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """Every leaf of a config as ``dotted.key -> value`` (lists as values)."""
-    node = OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else cfg
+    """Every leaf of a config (a dataclass or a dict) as ``dotted.key -> value`` (lists as values)."""
+    node = asdict(cfg) if is_dataclass(cfg) else cfg
     out: dict[str, Any] = {}
     for key, value in node.items():
         if isinstance(value, dict):
@@ -380,7 +234,7 @@ def leaf_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resume_changes(saved: Any, wanted: Any) -> dict[str, tuple[Any, Any]]:
+def resume_changes(saved: RunConfig, wanted: RunConfig) -> dict[str, tuple[Any, Any]]:
     """``key -> (saved, wanted)`` for every leaf that differs; a key outside ``RESUME_SAFE`` is one
     ConfigError that names it and the keys a resume may change."""
     before, after = leaf_values(saved), leaf_values(wanted)
@@ -395,5 +249,6 @@ def resume_changes(saved: Any, wanted: Any) -> dict[str, tuple[Any, Any]]:
     return changes
 
 
-def to_yaml(cfg: Any) -> str:
-    return OmegaConf.to_yaml(cfg)
+def to_yaml(cfg: RunConfig) -> str:
+    """The config as a recipe: ``load_config`` of this text gives ``cfg`` back."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

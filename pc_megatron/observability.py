@@ -94,15 +94,15 @@ def format_table(rows: list[tuple[str, str]]) -> str:
 POLICY_LABELS = {"grpo": "GRPO", "dapo": "DAPO", "pilot_commit": "Pilot-Commit", "adaptive": "Adaptive"}
 
 
-def summarize(cfg, run_dir: Path, wall_s: float) -> dict:
+def summarize(steps_planned: int, policy: str, run_dir: Path, wall_s: float) -> dict:
     """From ``metrics.jsonl``: ``summary.json``, the accuracy plot (labelled with the run's
-    policy) and the table printed at the end of a run."""
+    allocation ``policy``) and the table printed at the end of a run of ``steps_planned`` steps."""
     rows = read_metrics(run_dir)
     evals = [r for r in rows if EVAL_KEY in r]
     steps = [r for r in rows if "time_step_s" in r]
     phases = sorted({k for r in steps for k in r if k.startswith("time_") and k != "time_step_s"})
     summary = {
-        "steps": cfg.steps,
+        "steps": steps_planned,
         "initial_eval_accuracy": evals[0][EVAL_KEY] if evals else math.nan,  # none in a profile
         "final_eval_accuracy": evals[-1][EVAL_KEY] if evals else math.nan,
         "best_eval_accuracy": max((r[EVAL_KEY] for r in evals), default=math.nan),
@@ -116,14 +116,14 @@ def summarize(cfg, run_dir: Path, wall_s: float) -> dict:
         "wall_s": wall_s,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    label = POLICY_LABELS.get(cfg.scheduler.policy, cfg.scheduler.policy)
+    label = POLICY_LABELS.get(policy, policy)
     if evals:
         sets = benchmark_keys(evals)  # eval.sets, and their mean
         curves = {label: eval_curve(rows)} | {k[5:]: [(r["cum_rollouts"], r[k]) for r in evals if k in r] for k in sets}
         plot_accuracy(curves, run_dir / "eval_accuracy.png")
     table = [
         ("run directory", str(run_dir)),
-        ("steps", str(cfg.steps)),
+        ("steps", str(steps_planned)),
         (
             "held-out accuracy",
             f"{summary['initial_eval_accuracy']:.3f} -> {summary['final_eval_accuracy']:.3f} "

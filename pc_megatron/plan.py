@@ -29,19 +29,23 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pc_megatron.errors import ConfigError
 from pc_megatron.model.arch import ArchSpec, arch_from_file, load_arch
+from pc_megatron.model.config import ModelConfig
 from pc_megatron.weight_sync.routes import Slot, layout_slots, plan_routes
 from pc_megatron.weight_sync.sharding import check_divisible
+
+if TYPE_CHECKING:
+    from pc_megatron.config import RunConfig
 
 CARDS = Path(__file__).resolve().parent / "assets" / "arch"
 GIB = 2**30
 
 
-def model_arch(cfg: Any) -> tuple[ArchSpec, str]:
-    path = cfg.model.path or cfg.model.fixture  # a fixture's card is named after it
+def model_arch(model: ModelConfig) -> tuple[ArchSpec, str]:
+    path = model.path or model.fixture  # a fixture's card is named after it
     if not path:
         raise ConfigError("plan is for recipes with model.path or model.fixture; the tiny CPU recipe needs no plan")
     if (Path(path) / "config.json").is_file():
@@ -68,7 +72,7 @@ def param_counts(a: ArchSpec) -> dict[str, int]:
     return {"embedding": embedding, "per_layer": layer, "lm_head": lm_head, "total": total}
 
 
-def placement(cfg: Any, gpus_per_node: int) -> tuple[list[str], list]:
+def placement(cfg: RunConfig, gpus_per_node: int) -> tuple[list[str], list]:
     """Where each learner rank and engine worker goes (``runtime=ray`` on nodes of
     ``ray.bundles_per_node`` or ``gpus_per_node`` GPUs; one process with ``runtime=local``) and each
     worker's weight route: (lines to print, routes). A layout without a valid route raises."""
@@ -100,9 +104,9 @@ def placement(cfg: Any, gpus_per_node: int) -> tuple[list[str], list]:
     return lines, routes
 
 
-def plan(cfg: Any, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict:
+def plan(cfg: RunConfig, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict:
     """The figures ``pc-megatron plan`` prints (bytes are per GPU)."""
-    a, source = model_arch(cfg)
+    a, source = model_arch(cfg.model)
     lc, rc, v = cfg.learner, cfg.rollout, cfg.rollout.vllm
     tp, pp, dp = lc.tensor_parallel_size, lc.pipeline_parallel_size, lc.data_parallel_size
     check_divisible(a, tp, pp)  # a layout the model cannot take is the first thing to say

@@ -20,15 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from pc_megatron.batch import sft_batch
 from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
-from pc_megatron.data.synthetic import pool_candidates, split_fields
-from pc_megatron.data.task import Task, cache_root, config_hash
+from pc_megatron.data.synthetic import SyntheticTaskConfig, pool_candidates, split_fields
+from pc_megatron.data.task import Task, config_hash
 from pc_megatron.errors import ConfigError
 from pc_megatron.model.tiny import load_tokenizer
-from pc_megatron.warmstart import warm_start_key
 
 POOL_FORMAT = 1  # bump when the selection changes, to invalidate cached pools
 MAX_CHUNKS = 8  # candidate chunks of 4 x num_train prompts before giving up
@@ -85,20 +83,28 @@ def pool_quotas(syn: Any) -> list[tuple[str, float, float, int]]:
     ]
 
 
-def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -> Task:
-    """``task`` with its train split replaced by the configured pool (cached by everything that
-    determines it). The held-out and SFT splits are unchanged. Candidates are scored in the
-    order they are drawn and each share of the pool takes the first ones in its band."""
-    if cfg.data.train_path:
-        return task
-    syn = OmegaConf.to_object(cfg.data.synthetic)
+def select_pool(
+    syn: SyntheticTaskConfig,
+    task: Task,
+    policy_dir: Path,
+    policy_key: str,
+    temperature: float,
+    cache: Path,
+    samples_per_prompt: int,
+    progress: bool = True,
+) -> Task:
+    """``task`` with its train split replaced by the pool ``syn.pool`` under the policy at
+    ``policy_dir`` (``policy_key``: its warm-start key), pass rates at ``temperature``, cached under
+    ``cache`` by everything that determines it. The held-out and SFT splits are unchanged. Candidates
+    are scored in the order they are drawn and each share of the pool takes the first ones in its
+    band; ``samples_per_prompt`` sizes the degenerate share printed at the end."""
     if syn.pool == "hard":
         return Task(task.train[: syn.pool_size], task.eval, task.sft) if syn.pool_size else task
     quotas = pool_quotas(syn)
     fields = [syn.pool, syn.easy_pass_band] if syn.pool == "easy" else [syn.pool, syn.hopeless_frac, syn.solved_frac]
     fields += [syn.pool_size] if syn.pool_size else []  # (earlier pools' cache keys unchanged)
-    key = config_hash(POOL_FORMAT, split_fields(syn), *fields, warm_start_key(cfg), cfg.rollout.temperature)
-    path = cache_root(cfg.warmstart.cache_dir) / "pools" / key / "train.jsonl"
+    key = config_hash(POOL_FORMAT, split_fields(syn), *fields, policy_key, temperature)
+    path = cache / "pools" / key / "train.jsonl"
     if path.is_file():
         return Task(load_rows(path), task.eval, task.sft)
 
@@ -106,7 +112,7 @@ def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -
     chosen: list[tuple[int, PromptRow]] = []  # (candidate order, row)
     taken = [0] * len(quotas)
     seen = 0
-    score = pass_rate_scorer(policy_dir, cfg.rollout.temperature)
+    score = pass_rate_scorer(policy_dir, temperature)
     for chunk in range(MAX_CHUNKS):
         candidates = pool_candidates(syn, 4 * syn.num_train, exclude, chunk)
         if not candidates:
@@ -146,7 +152,7 @@ def select_pool(cfg: Any, task: Task, policy_dir: Path, progress: bool = True) -
     write_jsonl(rows, path)
     if progress:
         rates = [r.meta["initial_pass_rate"] for r in rows]
-        n = cfg.algo.samples_per_prompt
+        n = samples_per_prompt
         print(
             f"{syn.pool} pool: expected degenerate share of {n}-sample groups at the start "
             f"{degenerate_share(rates, n):.3f}",

@@ -10,18 +10,23 @@ Two paths, chosen by the config:
   cached SFT warm-start of the tiny policy, the RL pool (``data.synthetic.pool``).
 
 Either way the prompts are then rendered for the policy's tokenizer (chat template, instruction,
-length limit).
+length limit). This module composes the run config's sections; what it calls takes only the
+sections it needs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pc_megatron.data.task import Task, embedded, prepare_prompts, prepare_task
+from pc_megatron.data.task import Task, cache_root, prepare_prompts, prepare_task
 from pc_megatron.model.resolve import base_model_dir
 from pc_megatron.model.tiny import load_tokenizer
+from pc_megatron.warmstart import ensure_warm_start, warm_start_dir, warm_start_key
+
+if TYPE_CHECKING:
+    from pc_megatron.config import RunConfig
 
 
 @dataclass
@@ -31,22 +36,62 @@ class Prepared:
     tokenizer: Any
 
 
-def prepare_run(cfg: Any, progress: bool = True) -> Prepared:
-    task = prepare_task(cfg)
-    if embedded(cfg):
-        from pc_megatron.embedded import prepare_embedded
+def cache_dir(cfg: RunConfig) -> Path:
+    """Where tasks, the tiny model, fixtures, warm-starts and pools are cached."""
+    return cache_root(cfg.warmstart.cache_dir)
 
-        task, policy_dir = prepare_embedded(cfg, task, progress)
+
+def load_task(cfg: RunConfig) -> Task:
+    """The run's rows before rendering: train, held-out and (with a warm-start) SFT."""
+    sft_path = cfg.warmstart.data_path if cfg.warmstart.enabled else None
+    return prepare_task(cfg.data, sft_path, cache_dir(cfg))
+
+
+def policy_key(cfg: RunConfig) -> str:
+    """The warm-start's cache key (everything that determines it)."""
+    return warm_start_key(cfg.model, cfg.warmstart, cfg.data, cfg.learner.micro_batch_size)
+
+
+def initial_policy_dir(cfg: RunConfig) -> Path:
+    """The HF folder RL starts from: the base model, or its warm-start (shipped with the package
+    when one matches the config, else computed once into the cache)."""
+    if not cfg.warmstart.enabled:
+        return base_model_dir(cfg.model, cache_dir(cfg), cfg.progress)
+    return warm_start_dir(policy_key(cfg), cache_dir(cfg))
+
+
+def warm_started(cfg: RunConfig, sft: list, progress: bool = True) -> Path:
+    """``initial_policy_dir``, trained first from the base model on the ``sft`` rows when it is a
+    warm-start not yet in the cache."""
+    out = initial_policy_dir(cfg)
+    if not cfg.warmstart.enabled or (out / "model.safetensors").is_file():
+        return out
+    base = base_model_dir(cfg.model, cache_dir(cfg), cfg.progress)
+    return ensure_warm_start(out, cfg.warmstart, cfg.learner, base, sft, progress)
+
+
+def rl_pool(cfg: RunConfig, task: Task, policy_dir: Path, progress: bool = True) -> Task:
+    """The embedded task with its train split replaced by the RL pool ``data.synthetic.pool`` chosen
+    under the policy at ``policy_dir`` (``pc_megatron/pools.py``)."""
+    from pc_megatron.pools import select_pool
+
+    n = cfg.algo.samples_per_prompt
+    temperature, key, cache = cfg.rollout.temperature, policy_key(cfg), cache_dir(cfg)
+    return select_pool(cfg.data.synthetic, task, policy_dir, key, temperature, cache, n, progress)
+
+
+def prepare_run(cfg: RunConfig, progress: bool = True) -> Prepared:
+    task = load_task(cfg)
+    if cfg.data.embedded:
+        policy_dir = warm_started(cfg, task.sft, progress)
+        task = rl_pool(cfg, task, policy_dir, progress)
     elif cfg.warmstart.enabled:
-        import dataclasses
-
         from pc_megatron.data.render import render_rows
-        from pc_megatron.warmstart import ensure_warm_start
 
-        base = base_model_dir(cfg)
+        base = base_model_dir(cfg.model, cache_dir(cfg), cfg.progress)
         sft, _ = render_rows(task.sft, load_tokenizer(base), cfg.data, cfg.warmstart.data_path or "the SFT rows")
-        policy_dir = ensure_warm_start(cfg, dataclasses.replace(task, sft=sft), base=base, progress=progress)
+        policy_dir = warm_started(cfg, sft, progress)
     else:
-        policy_dir = base_model_dir(cfg)
+        policy_dir = base_model_dir(cfg.model, cache_dir(cfg), cfg.progress)
     tokenizer = load_tokenizer(policy_dir)
-    return Prepared(prepare_prompts(cfg, task, tokenizer), policy_dir, tokenizer)
+    return Prepared(prepare_prompts(cfg.data, cfg.eval.sets, task, tokenizer), policy_dir, tokenizer)

@@ -4,9 +4,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pc_megatron.phases import disable, enable, opened_names
+
+if TYPE_CHECKING:
+    from pc_megatron.config import RunConfig
 
 
 class Capture:
@@ -36,7 +41,7 @@ class Capture:
             self.prof.stop()
 
 
-def profile(cfg, out: Path, steps: int, warmup: int) -> dict:
+def profile(cfg: RunConfig, out: Path, steps: int, warmup: int) -> dict:
     """``warmup`` steps, then ``steps`` profiled ones, of the run ``cfg`` describes (its metrics in
     ``out/run``); writes ``out/trace.json`` (Perfetto, chrome://tracing), ``breakdown.md`` and
     ``breakdown.png``. Returns the breakdown's figures."""
@@ -44,7 +49,6 @@ def profile(cfg, out: Path, steps: int, warmup: int) -> dict:
     import resource
 
     import torch
-    from omegaconf import OmegaConf
 
     from pc_megatron.errors import ConfigError
     from pc_megatron.observability import read_metrics
@@ -54,7 +58,9 @@ def profile(cfg, out: Path, steps: int, warmup: int) -> dict:
         raise ConfigError(f"profile needs --steps >= 1 and --warmup >= 0 (got {steps}, {warmup})")
     if (out / "run" / "metrics.jsonl").exists():
         raise ConfigError(f"{out} already holds a profile; pass another --out")
-    cfg = OmegaConf.merge(cfg, {"steps": warmup + steps, "checkpoint": {"every_steps": 0}})
+    cfg = dataclasses.replace(
+        cfg, steps=warmup + steps, checkpoint=dataclasses.replace(cfg.checkpoint, every_steps=0)
+    )
     capture = Capture(warmup + 1, warmup + steps)
     enable()
     try:

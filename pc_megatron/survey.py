@@ -25,13 +25,14 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
-
-from omegaconf import OmegaConf
+from typing import TYPE_CHECKING, Any
 
 from pc_megatron.scheduler.belief import _FLAT, GRID
 from pc_megatron.scheduler.core import SchedulerConfig
 from pc_megatron.scheduler.simulate import simulate
+
+if TYPE_CHECKING:
+    from pc_megatron.config import RunConfig
 
 POLICIES = ("grpo", "dapo", "pilot_commit", "adaptive")
 NS = (8, 16, 32, 64)
@@ -123,7 +124,9 @@ def analyse(counts: list[tuple[int, int]], sched: SchedulerConfig, B: int, n: in
     return prior, point, intervals, ratios, verdict
 
 
-def survey(cfg: Any, prompts: int, samples: int | None, out: Path | None, steps: int = 40, boots: int = 20) -> dict:
+def survey(
+    cfg: RunConfig, prompts: int, samples: int | None, out: Path | None, steps: int = 40, boots: int = 20
+) -> dict:
     """``samples`` None: the recipe's n, at least 16."""
     import torch
 
@@ -139,10 +142,10 @@ def survey(cfg: Any, prompts: int, samples: int | None, out: Path | None, steps:
     torch.set_num_threads(cfg.threads)
     prepared = prepare_run(cfg, progress=cfg.progress)
     rows = random.Random(cfg.seed).sample(prepared.task.train, min(prompts, len(prepared.task.train)))
-    rc = OmegaConf.to_object(cfg.rollout)
+    rc = cfg.rollout
     engine = build_engine(rc, prepared.policy_dir)
     try:
-        with RewardPool(OmegaConf.to_object(cfg.reward)) as rewards:
+        with RewardPool(cfg.reward) as rewards:
             tok = prepared.tokenizer
             completions, scored = generate_and_score(
                 engine, tok, rewards, rows, encode_prompts(tok, rows), samples, rc.sampling(), cfg.seed
@@ -161,12 +164,12 @@ def survey(cfg: Any, prompts: int, samples: int | None, out: Path | None, steps:
     return result
 
 
-def forecast(correct: list[int], samples: int, cfg: Any, steps: int, boots: int, sampled: dict) -> dict:
+def forecast(correct: list[int], samples: int, cfg: RunConfig, steps: int, boots: int, sampled: dict) -> dict:
     """The survey's figures from per-prompt correct counts (of ``samples`` each) under ``cfg``'s
     scheduler, B and n: what ``survey`` prints, and what ``--load FILE RECIPE`` recomputes from a saved
     survey's counts (another n, B or scheduler setting, without sampling again)."""
     counts = [(c, samples) for c in correct]
-    sched = OmegaConf.to_object(cfg.scheduler)
+    sched = cfg.scheduler
     B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
     prior, point, intervals, ratios, verdict = analyse(counts, sched, B, n, steps, boots, cfg.seed)
     alike = sum(c in (0, samples) for c in correct) / len(correct)
@@ -197,9 +200,10 @@ def observed(run_dir: Path, steps: int) -> dict[str, Any]:
     """What a run's first ``steps`` steps measured, in the survey's terms: its policy, the share of
     trained groups that were all alike, rollouts generated per informative (mixed) trained group and
     rollouts generated per update."""
+    from pc_megatron.config import read_run_config
     from pc_megatron.observability import read_metrics
 
-    policy = OmegaConf.load(run_dir / "config.yaml").scheduler.policy
+    policy = read_run_config(run_dir / "config.yaml").scheduler.policy
     rows = [r for r in read_metrics(run_dir) if 0 < r["step"] <= steps and "trained_groups" in r]
     if not rows:
         raise ValueError(f"{run_dir}: no training steps in metrics.jsonl")

@@ -14,19 +14,20 @@ The scheduler decides which prompts get how many rollouts (``grpo``: B prompts x
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from pc_megatron.algo.config import LossConfig
 from pc_megatron.algo.update import rl_update
 from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
-from pc_megatron.data.task import expected_eval_set
+from pc_megatron.config import RunConfig, to_yaml
+from pc_megatron.data.task import Task, expected_eval_set
 from pc_megatron.evaluate import evaluate, evaluate_sets, expected_accuracy
 from pc_megatron.observability import MetricsLog, summarize
 from pc_megatron.phases import PhaseTimes
@@ -34,7 +35,7 @@ from pc_megatron.preemption import RunStopped, StopRequests, record_processes
 from pc_megatron.prepare import prepare_run
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.generate import Rollouts
-from pc_megatron.runtime import build_runtime
+from pc_megatron.runtime import Runtime, build_runtime
 from pc_megatron.scheduler import Scheduler
 
 
@@ -54,7 +55,7 @@ class LoopState:
     last_eval_accuracy: float = float("nan")
 
 
-def train(cfg: Any, run_dir: Path, resume: bool = False, capture=None) -> dict:
+def train(cfg: RunConfig, run_dir: Path, resume: bool = False, capture=None) -> dict:
     """The RL run, driven from this process; ``runtime`` places the learner and the engines.
 
     ``capture`` (``pc-megatron profile``): ``capture.step(step)`` is entered around each step;
@@ -67,19 +68,29 @@ def train(cfg: Any, run_dir: Path, resume: bool = False, capture=None) -> dict:
     task, policy_dir, tokenizer = prepared.task, prepared.policy_dir, prepared.tokenizer
     preflight(cfg, policy_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
     if any(task.dropped.values()):
         print(f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {task.dropped}", flush=True)
     with contextlib.ExitStack() as stack:
         stop = stack.enter_context(StopRequests())
-        rewards = stack.enter_context(RewardPool(OmegaConf.to_object(cfg.reward)))
-        runtime = build_runtime(cfg, policy_dir, run_dir)
+        rewards = stack.enter_context(RewardPool(cfg.reward))
+        runtime = build_runtime(
+            cfg.runtime,
+            cfg.learner,
+            cfg.rollout,
+            cfg.ray,
+            policy_dir,
+            run_dir,
+            cfg.seed,
+            cfg.threads,
+            reference=cfg.algo.loss.kl_coef > 0,
+        )
         stack.callback(runtime.close)
         record_processes(run_dir)
         return _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start, capture, stop)
 
 
-def preflight(cfg: Any, policy_dir: Path) -> None:
+def preflight(cfg: RunConfig, policy_dir: Path) -> None:
     """What can fail before any process starts, checked first: the learner's layout against the
     model's config.json (heads, KV heads, FFN, vocabulary, layers) and the runtime, and a cluster
     address that must answer."""
@@ -98,13 +109,24 @@ def preflight(cfg: Any, policy_dir: Path) -> None:
         check_reachable(cfg.ray.address, cfg.ray.connect_timeout_s)
 
 
-def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start: float, capture, stop) -> dict:
+def _run(
+    cfg: RunConfig,
+    run_dir: Path,
+    resume: bool,
+    task: Task,
+    policy_dir: Path,
+    tokenizer,
+    rewards: RewardPool,
+    runtime: Runtime,
+    t_start: float,
+    capture,
+    stop: StopRequests,
+) -> dict:
     learner, fleet = runtime.learner, runtime.fleet
     B, n = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
-    scheduler = Scheduler(OmegaConf.to_object(cfg.scheduler), len(task.train), B, n, seed=cfg.seed)
-    params = OmegaConf.to_object(cfg.rollout).sampling()
-    loss_cfg = OmegaConf.to_object(cfg.algo.loss)
-    loss_cfg.norm_tokens = loss_cfg.norm_tokens or cfg.rollout.max_new_tokens
+    scheduler = Scheduler(cfg.scheduler, len(task.train), B, n, seed=cfg.seed)
+    params = cfg.rollout.sampling()
+    loss_cfg = dataclasses.replace(cfg.algo.loss, norm_tokens=cfg.algo.loss.norm_tokens or cfg.rollout.max_new_tokens)
     rollouts = Rollouts(fleet, rewards, tokenizer, task.train, params, lambda s, k: stream_seed(cfg.seed, s, 1 + k))
     loop = LoopState()
     found = load_latest(run_dir / "checkpoints") if resume else None
@@ -119,7 +141,7 @@ def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_
     runtime.sync_weights()
     learner.offload()
 
-    expected_rows = expected_eval_set(cfg, task)
+    expected_rows = expected_eval_set(cfg.data, cfg.eval.expected, task)
 
     def run_eval(step: int) -> dict[str, float]:
         seed = stream_seed(cfg.seed, step, 0)
@@ -163,10 +185,18 @@ def _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_
             raise RunStopped(stop.signum, run_dir, step, saved=bool(scheduled or cfg.checkpoint.on_signal))
     bar.close()
     metrics.close()
-    return summarize(cfg, run_dir, wall_at_start + time.time() - t_start)
+    return summarize(cfg.steps, cfg.scheduler.policy, run_dir, wall_at_start + time.time() - t_start)
 
 
-def _step(cfg, step: int, scheduler: Scheduler, rollouts: Rollouts, runtime, loss_cfg, eval_now) -> dict:
+def _step(
+    cfg: RunConfig,
+    step: int,
+    scheduler: Scheduler,
+    rollouts: Rollouts,
+    runtime: Runtime,
+    loss_cfg: LossConfig,
+    eval_now,
+) -> dict:
     """One RL step (``eval_now``: the held-out evaluation, when this step has one): its metrics row."""
     learner, fleet = runtime.learner, runtime.fleet
     t_step, times = time.perf_counter(), PhaseTimes()

@@ -40,29 +40,27 @@ def test_the_accuracy_plot_is_labelled_with_the_run_policy(tmp_path, monkeypatch
     monkeypatch.setattr(observability, "plot_accuracy", lambda curves, out, target=None: labels.extend(curves))
     for policy, label in (("pilot_commit", "Pilot-Commit"), ("dapo", "DAPO"), ("grpo", "GRPO")):
         cfg = load_config("tiny", ["steps=1", f"scheduler.policy={policy}"])
-        summary = observability.summarize(cfg, tmp_path, wall_s=1.0)
+        summary = observability.summarize(cfg.steps, cfg.scheduler.policy, tmp_path, wall_s=1.0)
         assert labels[-1] == label and summary["final_eval_accuracy"] == 0.5
 
 
 def test_evaluation_samples_with_the_rollout_stop_tokens(cache_dir):
     """Stop tokens are part of how the policy is sampled: held-out accuracy must use them too
     (stopping at any digit cuts every multi-digit answer short)."""
-    from omegaconf import OmegaConf
 
-    from pc_megatron.data.task import prepare_task
     from pc_megatron.evaluate import evaluate
     from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.prepare import initial_policy_dir, load_task
     from pc_megatron.rewards import RewardConfig
     from pc_megatron.rewards.pool import RewardPool
     from pc_megatron.rollout.base import SamplingParams
     from pc_megatron.rollout.engines import build_engine
-    from pc_megatron.warmstart import initial_policy_dir
 
     cfg = load_config("tiny", ["eval.num_prompts=60", "eval.temperature=0"])
     policy = initial_policy_dir(cfg)
     tok = load_tokenizer(policy)
-    rows = [r for r in prepare_task(cfg).eval if len(r.answer) > 1]
-    engine = build_engine(OmegaConf.to_object(cfg.rollout), policy)
+    rows = [r for r in load_task(cfg).eval if len(r.answer) > 1]
+    engine = build_engine(cfg.rollout, policy)
     digits = tuple(tok.convert_tokens_to_ids(list("0123456789")))
     with RewardPool(RewardConfig()) as rewards:
         plain = evaluate(engine, tok, rows, cfg.eval, rewards, SamplingParams(max_new_tokens=8), seed=0)
@@ -75,24 +73,21 @@ def test_evaluation_counts_the_rewards_that_timed_out_or_raised(cache_dir, monke
     """A held-out accuracy that falls because the reward failed must say so, as a training row does."""
     from pathlib import Path
 
-    from omegaconf import OmegaConf
-
-    from pc_megatron.data.task import prepare_task
     from pc_megatron.evaluate import evaluate
     from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.prepare import initial_policy_dir, load_task
     from pc_megatron.rewards import RewardConfig
     from pc_megatron.rewards.pool import RewardPool
     from pc_megatron.rollout.base import SamplingParams
     from pc_megatron.rollout.engines import build_engine
-    from pc_megatron.warmstart import initial_policy_dir
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "workers"))  # the pool hands sys.path to its workers
     cfg = load_config("tiny", ["eval.temperature=0"])
     policy = initial_policy_dir(cfg)
     tok = load_tokenizer(policy)
-    eval_rows = prepare_task(cfg).eval
+    eval_rows = load_task(cfg).eval
     rows = [r for r in eval_rows if r.answer[-1] in "37"][:4] + [r for r in eval_rows if r.answer[-1] in "0"][:4]
-    engine = build_engine(OmegaConf.to_object(cfg.rollout), policy)
+    engine = build_engine(cfg.rollout, policy)
     reward = RewardConfig(function="rewards_for_tests:fails_on_some_answers", workers=2, timeout_s=0.5)
     reward.on_error, reward.max_failure_frac = "count", 0.6
     with RewardPool(reward) as rewards:
@@ -106,23 +101,22 @@ def test_expected_accuracy_is_the_exact_pass_rate_over_a_disjoint_held_out_set(c
     """eval_expected_accuracy: the learner's teacher-forced P(answer + EOS) at the sampling
     temperature equals the HF model's (pools.answer_pass_rates, itself checked against 400
     samples per prompt in test_pools), over a set disjoint from every split and the pool."""
-    from omegaconf import OmegaConf
 
-    from pc_megatron.data.task import expected_eval_set, prepare_task
+    from pc_megatron.data.task import expected_eval_set
     from pc_megatron.evaluate import expected_accuracy
     from pc_megatron.learner import Learner
     from pc_megatron.model.tiny import load_tokenizer
     from pc_megatron.pools import answer_pass_rates
-    from pc_megatron.warmstart import initial_policy_dir
+    from pc_megatron.prepare import initial_policy_dir, load_task
 
     cfg = load_config("tiny", ["data.synthetic.num_eval_expected=300", "rollout.temperature=0.8"])
-    task = prepare_task(cfg)
-    rows = expected_eval_set(cfg, task)
+    task = load_task(cfg)
+    rows = expected_eval_set(cfg.data, cfg.eval.expected, task)
     assert rows[: len(task.eval)] == task.eval and len(rows) == len(task.eval) + 300
     seen = {r.prompt for split in (task.train, task.eval, task.sft) for r in split}
     assert not seen & {r.prompt for r in rows[len(task.eval) :]}
     policy = initial_policy_dir(cfg)
-    learner = Learner(policy, OmegaConf.to_object(cfg.learner), seed=0)
+    learner = Learner(policy, cfg.learner, seed=0)
     got = expected_accuracy(learner, load_tokenizer(policy), rows, 0.8)
     want = answer_pass_rates(policy, rows, 0.8)
     assert got["eval_expected_accuracy"] == pytest.approx(sum(want) / len(want), abs=1e-5)
@@ -134,4 +128,4 @@ def test_expected_accuracy_is_the_exact_pass_rate_over_a_disjoint_held_out_set(c
     want_w = sum(mix[f] * m for f, m in fam.items()) / sum(mix[f] for f in fam)
     assert weighted["eval_expected_accuracy"] == pytest.approx(want_w, abs=1e-6)
     off = load_config("tiny", ["eval.expected=false"])
-    assert expected_eval_set(off, task) == []
+    assert expected_eval_set(off.data, off.eval.expected, task) == []

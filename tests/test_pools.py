@@ -8,15 +8,14 @@ from test_train_integration import SMALL
 
 from pc_megatron.config import load_config
 from pc_megatron.data.dataset import PromptRow
-from pc_megatron.data.task import prepare_task
 from pc_megatron.errors import ConfigError
-from pc_megatron.pools import answer_pass_rates, select_pool
+from pc_megatron.pools import answer_pass_rates
+from pc_megatron.prepare import initial_policy_dir, load_task, rl_pool, warm_started
 from pc_megatron.rewards import RewardConfig
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.base import RolloutConfig
 from pc_megatron.rollout.engines import build_engine
 from pc_megatron.rollout.generate import encode_prompts, generate_and_score
-from pc_megatron.warmstart import ensure_warm_start, initial_policy_dir
 
 
 def test_exact_pass_rate_matches_sampling():
@@ -45,14 +44,14 @@ def test_exact_pass_rate_matches_sampling():
 
 def test_easy_pool_keeps_held_out_and_sft_and_filters_train(cache_dir):
     hard_cfg = load_config("tiny", SMALL)
-    hard = prepare_task(hard_cfg)
-    policy = ensure_warm_start(hard_cfg, hard, progress=False)
+    hard = load_task(hard_cfg)
+    policy = warm_started(hard_cfg, hard.sft, progress=False)
     rates = sorted(answer_pass_rates(policy, hard.train, hard_cfg.rollout.temperature))
     lo, hi = rates[len(rates) // 4], rates[3 * len(rates) // 4]  # a band the hard pool half fills
     easy_cfg = load_config("tiny", [*SMALL, "data.synthetic.pool=easy", f"data.synthetic.easy_pass_band=[{lo},{hi}]"])
-    task = prepare_task(easy_cfg)
-    assert ensure_warm_start(easy_cfg, task, progress=False) == policy
-    easy = select_pool(easy_cfg, task, policy, progress=False)
+    task = load_task(easy_cfg)
+    assert warm_started(easy_cfg, task.sft, progress=False) == policy
+    easy = rl_pool(easy_cfg, task, policy, progress=False)
     assert easy.eval == hard.eval and easy.sft == hard.sft
     assert len(easy.train) == len(hard.train) == easy_cfg.data.synthetic.num_train
     assert len({r.prompt for r in easy.train}) == len(easy.train)
@@ -61,8 +60,8 @@ def test_easy_pool_keeps_held_out_and_sft_and_filters_train(cache_dir):
     assert all(lo - 1e-6 <= p <= hi + 1e-6 for p in recomputed)
     stored = torch.tensor([r.meta["initial_pass_rate"] for r in easy.train])
     torch.testing.assert_close(stored, torch.tensor(recomputed), rtol=1e-4, atol=1e-6)
-    assert select_pool(easy_cfg, task, policy, progress=False).train == easy.train  # cached, same rows
-    assert select_pool(hard_cfg, hard, policy, progress=False) is hard
+    assert rl_pool(easy_cfg, task, policy, progress=False).train == easy.train  # cached, same rows
+    assert rl_pool(hard_cfg, hard, policy, progress=False) is hard
 
 
 def test_graded_pool_has_the_asked_shares_of_hopeless_and_solved_prompts(cache_dir):
@@ -72,11 +71,11 @@ def test_graded_pool_has_the_asked_shares_of_hopeless_and_solved_prompts(cache_d
 
     over = ["data.synthetic.pool=graded", "data.synthetic.hopeless_frac=0.45", "data.synthetic.solved_frac=0.25"]
     cfg = load_config("tiny", over)
-    base = prepare_task(load_config("tiny"))
-    task = prepare_task(cfg)
-    policy = ensure_warm_start(cfg, task, progress=False)
+    base = load_task(load_config("tiny"))
+    task = load_task(cfg)
+    policy = warm_started(cfg, task.sft, progress=False)
     assert policy == initial_policy_dir(cfg)  # the shipped warm-start: the pool changes nothing upstream
-    graded = select_pool(cfg, task, policy, progress=False)
+    graded = rl_pool(cfg, task, policy, progress=False)
     assert graded.eval == base.eval and graded.sft == base.sft
     n = cfg.data.synthetic.num_train
     stored = [r.meta["initial_pass_rate"] for r in graded.train]
@@ -98,12 +97,12 @@ def test_graded_pool_has_the_asked_shares_of_hopeless_and_solved_prompts(cache_d
 
     # a smaller pool of the same shares: the first prompts of each band, held-out and warm-start unchanged
     small_cfg = load_config("tiny", [*over, "data.synthetic.pool_size=400"])
-    small = select_pool(small_cfg, prepare_task(small_cfg), ensure_warm_start(small_cfg, task, progress=False), False)
+    small = rl_pool(small_cfg, load_task(small_cfg), warm_started(small_cfg, task.sft, progress=False), False)
     assert small.eval == base.eval and small.sft == base.sft and len(small.train) == 400
     assert {r.prompt for r in small.train} <= {r.prompt for r in graded.train}
     rates = [r.meta["initial_pass_rate"] for r in small.train]
     assert sum(p < 0.02 for p in rates) == 180 and sum(p > 0.98 for p in rates) == 100
-    hard = select_pool(load_config("tiny", ["data.synthetic.pool_size=100"]), base, policy, progress=False)
+    hard = rl_pool(load_config("tiny", ["data.synthetic.pool_size=100"]), base, policy, progress=False)
     assert hard.train == base.train[:100]
     with pytest.raises(ConfigError, match="pool_size=5000: must be between 0"):
         load_config("tiny", ["data.synthetic.pool_size=5000"])

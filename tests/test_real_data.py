@@ -112,11 +112,12 @@ def test_a_malformed_chat_row_names_file_row_and_reason(tmp_path):
 
 
 def test_prompts_are_templated_instructed_and_length_limited(chat_model, math_data, tmp_path):
-    from pc_megatron.data.task import prepare_prompts, prepare_task
+    from pc_megatron.data.task import prepare_prompts
     from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.prepare import load_task
 
     cfg = load_config("tiny", _overrides(chat_model, math_data, tmp_path))
-    task = prepare_prompts(cfg, prepare_task(cfg), load_tokenizer(chat_model))
+    task = prepare_prompts(cfg.data, cfg.eval.sets, load_task(cfg), load_tokenizer(chat_model))
     first = task.train[0].prompt
     assert first == f"<|im_start|>user\nWhat is 1 + 1? {INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
     assert len(task.train) == 9 and task.dropped["data/dropped_long_prompts"] == 1

@@ -155,7 +155,6 @@ def test_two_rl_steps_of_the_real_model_then_convert_answers_alike(real_cache, t
     assert "eval_boxed_frac" in rows[-1]
 
     assert main(["convert", "--to", "hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
-    from omegaconf import OmegaConf
 
     from pc_megatron.evaluate import evaluate
     from pc_megatron.prepare import prepare_run
@@ -164,8 +163,8 @@ def test_two_rl_steps_of_the_real_model_then_convert_answers_alike(real_cache, t
 
     prepared = prepare_run(cfg, progress=False)
     engine = HFEngine(tmp_path / "hf")  # transformers itself, on the converted folder
-    params = OmegaConf.to_object(cfg.rollout).sampling()
-    with RewardPool(OmegaConf.to_object(cfg.reward)) as rewards:
+    params = cfg.rollout.sampling()
+    with RewardPool(cfg.reward) as rewards:
         got = evaluate(engine, prepared.tokenizer, prepared.task.eval, cfg.eval, rewards, params, seed=0)
     # greedy answers to the held-out set: the run's last evaluation (the engine with the final weights)
     assert abs(got["eval_accuracy"] - rows[-1]["eval_accuracy"]) <= 1 / len(prepared.task.eval) + 1e-9

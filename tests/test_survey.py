@@ -6,9 +6,8 @@ import json
 import random
 
 import pytest
-from omegaconf import OmegaConf
 
-from pc_megatron.config import load_config
+from pc_megatron.config import load_config, to_yaml
 from pc_megatron.survey import analyse, degenerate_share, fit_prior, format_against, observed
 
 
@@ -34,7 +33,7 @@ def test_the_fit_recovers_the_degenerate_share_that_raw_counts_overstate():
 
 def test_no_policy_is_favoured_on_a_pool_without_degenerate_groups():
     counts = _counts([0.5] * 200, 16, seed=1)
-    sched = OmegaConf.to_object(load_config("tiny").scheduler)
+    sched = load_config("tiny").scheduler
     *_, ratios, verdict = analyse(counts, sched, B=8, n=8, steps=10, boots=4, seed=0)
     assert verdict.startswith("no policy is clearly better") and ratios["grpo"] == 1.0
 
@@ -44,7 +43,7 @@ def test_a_pool_of_mostly_hopeless_prompts_favours_filtering():
     that pilot or skip such prompts need fewer rollouts per informative group (simulated: adaptive
     about 0.4x, Pilot-Commit about 0.7x), and the survey says which, clearly."""
     counts = _counts([0.0] * 800 + [0.4] * 200, 16, seed=2)
-    sched = OmegaConf.to_object(load_config("tiny").scheduler)
+    sched = load_config("tiny").scheduler
     _, _, intervals, ratios, verdict = analyse(counts, sched, B=8, n=8, steps=40, boots=6, seed=0)
     assert ratios["pilot_commit"] < 0.9 and ratios["adaptive"] < 0.6 and intervals["adaptive/grpo"][1] < 1.0
     assert verdict.startswith("adaptive:") and "fewer rollouts per informative group than grpo" in verdict
@@ -57,7 +56,7 @@ def test_the_verdict_names_what_an_allocator_pays_per_update():
     being exactly B x n, and a favoured allocator's verdict says what it costs per update: within
     GRPO's for adaptive under its budget, and with the caveat where it spends more (no budget)."""
     counts = _counts([0.0] * 800 + [0.4] * 200, 16, seed=2)
-    sched = OmegaConf.to_object(load_config("tiny").scheduler)
+    sched = load_config("tiny").scheduler
     for budget, spends_more in ((1.0, False), (0.0, True)):
         sched.adaptive_budget = budget
         _, point, intervals, _, verdict = analyse(counts, sched, B=8, n=8, steps=40, boots=6, seed=0)
@@ -72,7 +71,7 @@ def test_the_verdict_names_what_an_allocator_pays_per_update():
 def _fake_run(tmp_path, policy: str, rows: list[dict]):
     run = tmp_path / policy
     run.mkdir()
-    OmegaConf.save(load_config("tiny", [f"scheduler.policy={policy}"]), run / "config.yaml")
+    (run / "config.yaml").write_text(to_yaml(load_config("tiny", [f"scheduler.policy={policy}"])))
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
 

@@ -236,23 +236,21 @@ def bench_transports(
 
 
 def bench_rollout(repeats: int) -> dict:
-    from omegaconf import OmegaConf
 
     from pc_megatron.config import load_config
-    from pc_megatron.data.task import prepare_task
     from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.prepare import load_task, warm_started
     from pc_megatron.rollout.engines import build_engine
-    from pc_megatron.warmstart import ensure_warm_start
 
     cfg = load_config("tiny", ["progress=false"])
-    task = prepare_task(cfg)
-    policy = ensure_warm_start(cfg, task, progress=False)
+    task = load_task(cfg)
+    policy = warm_started(cfg, task.sft, progress=False)
     tok = load_tokenizer(policy)
     prompts = [tok(r.prompt, add_special_tokens=False)["input_ids"] for r in task.train[:64]]
     params = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
     engines = {}
     for backend in ("hf", "vllm"):
-        rc = OmegaConf.to_object(cfg.rollout)
+        rc = cfg.rollout
         rc.backend = backend
         rc.vllm.cpu_kv_cache_gb = 0.25
         engines[backend] = build_engine(rc, policy)

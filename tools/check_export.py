@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,9 +40,9 @@ def main() -> int:
     last = [r for r in read_metrics(args.run) if "eval_accuracy" in r][-1]
     prepared = prepare_run(cfg, progress=False)
     engine = HFEngine(args.out)
-    params = OmegaConf.to_object(cfg.rollout).sampling()
+    params = cfg.rollout.sampling()
     t0 = time.monotonic()
-    with RewardPool(OmegaConf.to_object(cfg.reward)) as rewards:
+    with RewardPool(cfg.reward) as rewards:
         got = evaluate(engine, prepared.tokenizer, prepared.task.eval, cfg.eval, rewards, params, seed=0)
     out = {
         "step": last["step"],

@@ -15,16 +15,13 @@ import json
 from collections import defaultdict
 
 import torch
-from omegaconf import OmegaConf
 
 from pc_megatron.config import load_config
-from pc_megatron.data.task import prepare_task
 from pc_megatron.model.tiny import load_tokenizer
-from pc_megatron.pools import select_pool
+from pc_megatron.prepare import load_task, rl_pool, warm_started
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.engines import build_engine
 from pc_megatron.rollout.generate import encode_prompts, generate_and_score
-from pc_megatron.warmstart import ensure_warm_start
 
 
 def main() -> None:
@@ -37,14 +34,14 @@ def main() -> None:
     args = ap.parse_args()
     cfg = load_config(args.recipe, args.overrides)
     torch.set_num_threads(cfg.threads)
-    task = prepare_task(cfg)
-    policy = ensure_warm_start(cfg, task, progress=cfg.progress)
-    task = select_pool(cfg, task, policy, progress=cfg.progress)
+    task = load_task(cfg)
+    policy = warm_started(cfg, task.sft, progress=cfg.progress)
+    task = rl_pool(cfg, task, policy, progress=cfg.progress)
     tok = load_tokenizer(policy)
-    engine = build_engine(OmegaConf.to_object(cfg.rollout), policy)
+    engine = build_engine(cfg.rollout, policy)
     rows = task.train[: args.prompts]
-    params = OmegaConf.to_object(cfg.rollout).sampling()
-    with RewardPool(OmegaConf.to_object(cfg.reward)) as rewards:
+    params = cfg.rollout.sampling()
+    with RewardPool(cfg.reward) as rewards:
         comps, scored = generate_and_score(
             engine, tok, rewards, rows, encode_prompts(tok, rows), args.n, params, cfg.seed
         )

@@ -6,12 +6,11 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from pc_megatron.data.config import DataConfig
 from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
 from pc_megatron.data.synthetic import expected_eval_rows, generate_splits, split_fields
 
@@ -33,34 +32,32 @@ def cache_root(configured: str = "") -> Path:
 
 
 def config_hash(*parts: Any) -> str:
-    blob = json.dumps([OmegaConf.to_container(p) if OmegaConf.is_config(p) else p for p in parts], sort_keys=True)
+    """A short, portable hash of config values (dataclasses hashed as their fields): cache keys."""
+    blob = json.dumps([asdict(p) if is_dataclass(p) else p for p in parts], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def embedded(cfg: Any) -> bool:
-    """The run trains on the embedded synthetic task (no data files, no generator)."""
-    return not cfg.data.train_path and not cfg.data.generator
-
-
-def prepare_task(cfg: Any) -> Task:
-    """Load (and for generated and synthetic tasks, first generate and cache) train / eval / SFT rows."""
-    sft = load_rows(cfg.warmstart.data_path) if cfg.warmstart.enabled and cfg.warmstart.data_path else []
-    if cfg.data.train_path:
-        train = load_rows(cfg.data.train_path)
-        held_out = load_rows(cfg.data.eval_path) if cfg.data.eval_path else []  # else eval.sets only
+def prepare_task(data: DataConfig, sft_path: str | None, cache: Path) -> Task:
+    """Load (and for generated and synthetic tasks, first generate and cache under ``cache``) train /
+    eval / SFT rows. ``sft_path``: the warm-start's SFT rows ('' = the generator's own worked
+    examples; None = no warm-start, no SFT rows)."""
+    sft = load_rows(sft_path) if sft_path else []
+    if data.train_path:
+        train = load_rows(data.train_path)
+        held_out = load_rows(data.eval_path) if data.eval_path else []  # else eval.sets only
         return Task(train, held_out, sft)
-    tasks = cache_root(cfg.warmstart.cache_dir) / "tasks"
-    if cfg.data.generator:
+    tasks = cache / "tasks"
+    if data.generator:
         from pc_megatron.data.word_problems import generate_word_problems
 
-        wp = OmegaConf.to_object(cfg.data.word_problems)
-        folder = _cached_splits(tasks / f"word_problems-{config_hash(wp.__dict__)}", lambda: generate_word_problems(wp))
-        held_out = load_rows(cfg.data.eval_path) if cfg.data.eval_path else load_rows(folder / "eval.jsonl")
+        wp = data.word_problems
+        folder = _cached_splits(tasks / f"word_problems-{config_hash(wp)}", lambda: generate_word_problems(wp))
+        held_out = load_rows(data.eval_path) if data.eval_path else load_rows(folder / "eval.jsonl")
     else:
-        syn = OmegaConf.to_object(cfg.data.synthetic)
+        syn = data.synthetic
         folder = _cached_splits(tasks / config_hash(split_fields(syn)), lambda: generate_splits(syn))
         held_out = load_rows(folder / "eval.jsonl")
-    if cfg.warmstart.enabled and not cfg.warmstart.data_path:
+    if sft_path == "":
         sft = load_rows(folder / "sft.jsonl")  # worked examples of the same generator
     return Task(load_rows(folder / "train.jsonl"), held_out, sft)
 
@@ -73,39 +70,39 @@ def _cached_splits(folder: Path, make: Callable[[], dict[str, list[PromptRow]]])
     return folder
 
 
-def expected_eval_set(cfg: Any, task: Task) -> list[PromptRow]:
+def expected_eval_set(data: DataConfig, expected: bool, task: Task) -> list[PromptRow]:
     """The held-out set of ``eval.expected`` for the embedded task: the held-out split and
     ``num_eval_expected`` more prompts drawn after the RL pool is chosen, disjoint from every
     split and the pool. Small families (one-digit sums and products have 100 prompts each) are
     used up by the SFT split, so the extra prompts come from the large families only: the
     metric weights family means by the mix (``expected_accuracy(weights=...)``). Empty for user
-    datasets or when switched off."""
-    syn = cfg.data.synthetic
-    if cfg.data.train_path or not cfg.eval.expected or not syn.num_eval_expected:
+    datasets or when switched off (``expected``: ``eval.expected``)."""
+    syn = data.synthetic
+    if data.train_path or not expected or not syn.num_eval_expected:
         return []
     taken = {r.prompt for split in (task.train, task.eval, task.sft) for r in split}
     if not task.sft:  # without the warm-start the SFT split is not loaded: exclude it all the same
-        taken |= {r.prompt for r in generate_splits(OmegaConf.to_object(syn))["sft"]}
-    return task.eval + expected_eval_rows(OmegaConf.to_object(syn), taken)
+        taken |= {r.prompt for r in generate_splits(syn)["sft"]}
+    return task.eval + expected_eval_rows(syn, taken)
 
 
-def prepare_prompts(cfg: Any, task: Task, tokenizer) -> Task:
+def prepare_prompts(data: DataConfig, eval_sets: list, task: Task, tokenizer) -> Task:
     """The task with its prompts rendered for ``tokenizer`` (chat template, instruction, length
     limit: ``data/render.py``), ``eval.sets`` read and rendered into ``sets``, and how many
     prompts each lost to ``data.max_prompt_tokens`` in ``dropped``."""
     from pc_megatron.data.render import render_rows
 
-    train, lost_train = render_rows(task.train, tokenizer, cfg.data, cfg.data.train_path or "the training prompts")
+    train, lost_train = render_rows(task.train, tokenizer, data, data.train_path or "the training prompts")
     held_out, lost_eval = (
-        render_rows(task.eval, tokenizer, cfg.data, cfg.data.eval_path or "the held-out prompts")
+        render_rows(task.eval, tokenizer, data, data.eval_path or "the held-out prompts")
         if task.eval
         else ([], 0)
     )
     dropped = {"data/dropped_long_prompts": lost_train, "data/dropped_long_eval": lost_eval}
     sets = []
-    for s in cfg.eval.sets:
-        name = s.name or Path(s.path).stem
-        rows, lost = render_rows(load_rows(s.path), tokenizer, cfg.data, s.path)
+    for s in eval_sets:  # EvalSetConfig
+        name = s.set_name
+        rows, lost = render_rows(load_rows(s.path), tokenizer, data, s.path)
         sets.append((name, rows, s))
         dropped[f"data/dropped_long_eval/{name}"] = lost
     return Task(train, held_out, task.sft, sets, dropped)

@@ -4,26 +4,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from omegaconf import OmegaConf
-
-from pc_megatron.data.task import cache_root, config_hash
+from pc_megatron.data.task import config_hash
 from pc_megatron.model.arch import load_arch
+from pc_megatron.model.config import ModelConfig
 from pc_megatron.model.tiny import create_tiny_model
 
 
-def base_model_dir(cfg: Any) -> Path:
-    """model.path, model.fixture (converted on first use), or the embedded tiny model (created and
-    cached on first use)."""
-    if cfg.model.path:
-        load_arch(cfg.model.path)  # fails early, naming the file, if this is not a usable HF folder
-        return Path(cfg.model.path)
-    if cfg.model.fixture:
+def base_model_dir(model: ModelConfig, cache: Path, progress: bool = True) -> Path:
+    """model.path, model.fixture (converted on first use into ``cache``), or the embedded tiny model
+    (created and cached on first use)."""
+    if model.path:
+        load_arch(model.path)  # fails early, naming the file, if this is not a usable HF folder
+        return Path(model.path)
+    if model.fixture:
         from pc_megatron.model.fixtures import fixture_dir
 
-        return fixture_dir(cfg.model.fixture, cache_root(cfg.warmstart.cache_dir), cfg.progress)
-    base = cache_root(cfg.warmstart.cache_dir) / "init" / config_hash(cfg.model.tiny)
+        return fixture_dir(model.fixture, cache, progress)
+    base = cache / "init" / config_hash(model.tiny)
     if not (base / "model.safetensors").is_file():
-        create_tiny_model(OmegaConf.to_object(cfg.model.tiny), base)
+        create_tiny_model(model.tiny, base)
     return base

@@ -15,9 +15,15 @@ talks to the first two through ``Runtime``:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from pc_megatron.rollout.base import RolloutEngine
+import torch
+
+from pc_megatron.algo.config import LossConfig
+from pc_megatron.batch import TokenBatch
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.rollout.base import RolloutConfig, RolloutEngine
+from pc_megatron.runtime.ray_cluster import RayConfig
 
 
 class LearnerRole(Protocol):
@@ -26,9 +32,23 @@ class LearnerRole(Protocol):
     @property
     def version(self) -> int: ...
 
-    def logprobs(self, batch: Any, temperature: float = 1.0) -> Any: ...
+    def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
+        """``(N, S-1) float32`` log-probs of each next token under the current policy."""
+        ...
 
-    def train_rl(self, *args: Any, **kwargs: Any) -> dict[str, float]: ...
+    def train_rl(
+        self,
+        batch: TokenBatch,
+        old_logp: torch.Tensor | None,
+        advantages: torch.Tensor,
+        loss_cfg: LossConfig,
+        temperature: float,
+        ref_logp: torch.Tensor | None = None,
+        behaviour_logp: torch.Tensor | None = None,
+        units_scale: float = 1.0,
+    ) -> dict:
+        """One optimizer step of the RL objective over ``batch`` (``Learner.train_rl``)."""
+        ...
 
     def take_pass_stats(self) -> dict[str, dict[str, float]]:
         """Tokens and padding of the passes since the last call (``Learner.take_pass_stats``)."""
@@ -55,11 +75,24 @@ class Runtime(Protocol):
     def close(self) -> None: ...
 
 
-def build_runtime(cfg: Any, policy_dir: Path, run_dir: Path) -> Runtime:
-    if cfg.runtime == "ray":
+def build_runtime(
+    kind: str,
+    learner: LearnerConfig,
+    rollout: RolloutConfig,
+    ray: RayConfig,
+    policy_dir: Path,
+    run_dir: Path,
+    seed: int,
+    threads: int,
+    reference: bool,
+) -> Runtime:
+    """``kind`` ('local' or 'ray', the config's ``runtime``) placing the learner (and with
+    ``reference`` a frozen copy of the initial policy for the KL term) and the fleet serving
+    ``policy_dir``."""
+    if kind == "ray":
         from pc_megatron.runtime.ray_runtime import RayRuntime
 
-        return RayRuntime(cfg, policy_dir, run_dir)
+        return RayRuntime(ray, learner, rollout, policy_dir, run_dir, seed, threads, reference)
     from pc_megatron.runtime.local import LocalRuntime
 
-    return LocalRuntime(cfg, policy_dir)
+    return LocalRuntime(learner, rollout, policy_dir, seed, reference)

@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-from omegaconf import OmegaConf
 
 from pc_megatron.errors import ConfigError
 from pc_megatron.learner import Learner
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.rollout.base import RolloutConfig
 from pc_megatron.rollout.engines import build_engine
 
 
 class LocalRuntime:
-    def __init__(self, cfg: Any, policy_dir: Path) -> None:
-        lc = OmegaConf.to_object(cfg.learner)
+    def __init__(self, lc: LearnerConfig, rc: RolloutConfig, policy_dir: Path, seed: int, reference: bool) -> None:
         if lc.world_size > 1:
             raise ConfigError(
                 f"learner TP x PP x DP = {lc.world_size} ranks need runtime=ray (runtime=local is one process)"
             )
-        if cfg.rollout.replicas > 1:
+        if rc.replicas > 1:
             raise ConfigError("rollout.replicas > 1 needs runtime=ray (runtime=local runs one engine)")
-        self.learner = Learner(policy_dir, lc, seed=cfg.seed)
-        self.ref_learner = Learner(policy_dir, lc, seed=cfg.seed) if cfg.algo.loss.kl_coef > 0 else None
-        self.fleet = build_engine(OmegaConf.to_object(cfg.rollout), policy_dir, learner_bf16=lc.bf16)
+        self.learner = Learner(policy_dir, lc, seed=seed)
+        self.ref_learner = Learner(policy_dir, lc, seed=seed) if reference else None
+        self.fleet = build_engine(rc, policy_dir, learner_bf16=lc.bf16)
 
     def sync_weights(self) -> dict[str, float]:
         return self.fleet.update_weights(self.learner.hf_named_tensors(), self.learner.version)
