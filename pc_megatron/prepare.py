@@ -6,7 +6,7 @@ Two paths, chosen by the config:
   cached), the starting policy from ``model.path`` or ``model.fixture`` (converted once into the
   cache), and an SFT warm-start only when ``warmstart.enabled`` asks for one (its rows rendered like
   the prompts: chat template, instruction). The embedded task's pool selection is never entered.
-- **the embedded task** (neither): ``pc_megatron/embedded.py``: the synthetic rows, the shipped or
+- **the embedded task** (neither): ``pc_megatron/embedded/``: the synthetic rows, the shipped or
   cached SFT warm-start of the tiny policy, the RL pool (``data.synthetic.pool``).
 
 Either way the prompts are then rendered for the policy's tokenizer (chat template, instruction,
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pc_megatron.data.task import Task, cache_root, prepare_prompts, prepare_task
 from pc_megatron.model.resolve import base_model_dir
-from pc_megatron.model.tiny import load_tokenizer
+from pc_megatron.model.tokenizer import load_tokenizer
 from pc_megatron.warmstart import ensure_warm_start, warm_start_dir, warm_start_key
 
 if TYPE_CHECKING:
@@ -72,8 +72,8 @@ def warm_started(cfg: RunConfig, sft: list, progress: bool = True) -> Path:
 
 def rl_pool(cfg: RunConfig, task: Task, policy_dir: Path, progress: bool = True) -> Task:
     """The embedded task with its train split replaced by the RL pool ``data.synthetic.pool`` chosen
-    under the policy at ``policy_dir`` (``pc_megatron/pools.py``)."""
-    from pc_megatron.pools import select_pool
+    under the policy at ``policy_dir`` (``pc_megatron/embedded/pools.py``)."""
+    from pc_megatron.embedded.pools import select_pool
 
     n = cfg.algo.samples_per_prompt
     temperature, key, cache = cfg.rollout.temperature, policy_key(cfg), cache_dir(cfg)

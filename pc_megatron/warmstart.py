@@ -20,7 +20,7 @@ from pc_megatron.data.task import config_hash
 from pc_megatron.errors import ConfigError
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.config import ModelConfig
-from pc_megatron.model.tiny import load_tokenizer
+from pc_megatron.model.tokenizer import load_tokenizer
 
 WARMSTART_FORMAT = 1  # bump when the SFT procedure changes, to invalidate caches
 SHIPPED = Path(__file__).resolve().parent / "assets" / "warmstart"

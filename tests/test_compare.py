@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pc_megatron.compare import paired, ratio_interval, value_at
+from pc_megatron.stats import paired, ratio_interval, value_at
 
 
 def test_value_at_interpolates_and_is_none_past_the_end():

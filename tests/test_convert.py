@@ -10,8 +10,8 @@ from test_model_families import CONFIGS, make_hf_model
 from transformers import AutoModelForCausalLM
 
 from pc_megatron.checkpoint import save_checkpoint
+from pc_megatron.checkpoint.convert import hf_to_megatron, megatron_param_names, megatron_to_hf_folder
 from pc_megatron.cli import main
-from pc_megatron.convert import hf_to_megatron, megatron_param_names, megatron_to_hf_folder
 from pc_megatron.errors import ModelFileError, UserError
 from pc_megatron.learner import Learner, LearnerConfig
 from pc_megatron.learner.learner import load_hf_weights

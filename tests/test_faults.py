@@ -118,7 +118,7 @@ def test_the_smaller_checks_come_first_and_say_what_is_wrong(tmp_path, tiny_mode
 
 
 def test_plan_suggests_the_distributed_optimizer_only_where_it_shards():
-    from pc_megatron.plan import plan
+    from pc_megatron.commands.plan import plan
 
     one = plan(
         load_config("polaris-14b", ["learner.data_parallel_size=1", "learner.distributed_optimizer=false"]), gpu_gib=20
@@ -130,7 +130,7 @@ def test_plan_suggests_the_distributed_optimizer_only_where_it_shards():
 
 def test_plan_names_the_dimension_a_tensor_parallel_size_does_not_divide():
     """Qwen3-14B has 8 KV heads: TP 3 was reported as a missing weight route, never as the real reason."""
-    from pc_megatron.plan import plan
+    from pc_megatron.commands.plan import plan
 
     with pytest.raises(ConfigError, match="tensor-parallel size 3 does not divide the model's num_key_value_heads=8"):
         plan(load_config("polaris-14b", ["learner.tensor_parallel_size=3"]))

@@ -49,7 +49,7 @@ def test_evaluation_samples_with_the_rollout_stop_tokens(cache_dir):
     (stopping at any digit cuts every multi-digit answer short)."""
 
     from pc_megatron.evaluate import evaluate
-    from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.model.tokenizer import load_tokenizer
     from pc_megatron.prepare import initial_policy_dir, load_task
     from pc_megatron.rewards import RewardConfig
     from pc_megatron.rewards.pool import RewardPool
@@ -74,7 +74,7 @@ def test_evaluation_counts_the_rewards_that_timed_out_or_raised(cache_dir, monke
     from pathlib import Path
 
     from pc_megatron.evaluate import evaluate
-    from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.model.tokenizer import load_tokenizer
     from pc_megatron.prepare import initial_policy_dir, load_task
     from pc_megatron.rewards import RewardConfig
     from pc_megatron.rewards.pool import RewardPool
@@ -103,10 +103,10 @@ def test_expected_accuracy_is_the_exact_pass_rate_over_a_disjoint_held_out_set(c
     samples per prompt in test_pools), over a set disjoint from every split and the pool."""
 
     from pc_megatron.data.task import expected_eval_set
+    from pc_megatron.embedded.pools import answer_pass_rates
     from pc_megatron.evaluate import expected_accuracy
     from pc_megatron.learner import Learner
-    from pc_megatron.model.tiny import load_tokenizer
-    from pc_megatron.pools import answer_pass_rates
+    from pc_megatron.model.tokenizer import load_tokenizer
     from pc_megatron.prepare import initial_policy_dir, load_task
 
     cfg = load_config("tiny", ["data.synthetic.num_eval_expected=300", "rollout.temperature=0.8"])

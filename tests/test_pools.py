@@ -8,8 +8,8 @@ from test_train_integration import SMALL
 
 from pc_megatron.config import load_config
 from pc_megatron.data.dataset import PromptRow
+from pc_megatron.embedded.pools import answer_pass_rates
 from pc_megatron.errors import ConfigError
-from pc_megatron.pools import answer_pass_rates
 from pc_megatron.prepare import initial_policy_dir, load_task, rl_pool, warm_started
 from pc_megatron.rewards import RewardConfig
 from pc_megatron.rewards.pool import RewardPool
@@ -25,7 +25,7 @@ def test_exact_pass_rate_matches_sampling():
     policy = initial_policy_dir(cfg)  # the shipped warm-start: pass rates well inside (0, 1)
     rows = [PromptRow(str(i), p, a) for i, (p, a) in enumerate([("58+37=", "95"), ("83-46=", "37"), ("7*8=", "56")])]
     exact = answer_pass_rates(policy, rows, temperature=1.0)
-    from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(policy)
     engine = build_engine(RolloutConfig(temperature=1.0, max_new_tokens=8), policy)
@@ -67,7 +67,7 @@ def test_easy_pool_keeps_held_out_and_sft_and_filters_train(cache_dir):
 def test_graded_pool_has_the_asked_shares_of_hopeless_and_solved_prompts(cache_dir):
     """data.synthetic.pool=graded: exactly hopeless_frac of the prompts below an exact initial
     pass rate of 0.02, solved_frac above 0.98, the rest in between; held-out and SFT unchanged."""
-    from pc_megatron.pools import degenerate_share
+    from pc_megatron.embedded.pools import degenerate_share
 
     over = ["data.synthetic.pool=graded", "data.synthetic.hopeless_frac=0.45", "data.synthetic.solved_frac=0.25"]
     cfg = load_config("tiny", over)

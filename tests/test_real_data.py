@@ -30,7 +30,7 @@ def chat_model(tmp_path_factory):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-    from pc_megatron.model.tiny import TinyModelConfig, hf_config
+    from pc_megatron.embedded.tiny_model import TinyModelConfig, hf_config
 
     specials = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     vocab = {t: i for i, t in enumerate(specials + sorted(set(string.printable) - set("\r\x0b\x0c")))}
@@ -113,7 +113,7 @@ def test_a_malformed_chat_row_names_file_row_and_reason(tmp_path):
 
 def test_prompts_are_templated_instructed_and_length_limited(chat_model, math_data, tmp_path):
     from pc_megatron.data.task import prepare_prompts
-    from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.model.tokenizer import load_tokenizer
     from pc_megatron.prepare import load_task
 
     cfg = load_config("tiny", _overrides(chat_model, math_data, tmp_path))

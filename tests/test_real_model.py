@@ -94,7 +94,7 @@ def _smollm2_like_folder(folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from pc_megatron.model.tiny import build_tokenizer
+    from pc_megatron.embedded.tiny_model import build_tokenizer
 
     tok = build_tokenizer()
     tok.chat_template = (

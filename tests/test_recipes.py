@@ -8,9 +8,9 @@ from dataclasses import asdict
 import pytest
 
 from pc_megatron.cli import main
+from pc_megatron.commands.plan import GIB, model_arch, param_counts, plan
 from pc_megatron.config import RECIPE_DIR, load_config
 from pc_megatron.errors import ConfigError
-from pc_megatron.plan import GIB, model_arch, param_counts, plan
 
 RECIPES = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
 PAPER = [r for r in RECIPES if r != "tiny"]

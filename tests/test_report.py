@@ -5,8 +5,8 @@ from __future__ import annotations
 from test_train_integration import SMALL
 
 from pc_megatron.cli import main
+from pc_megatron.commands.report import FIGURES
 from pc_megatron.config import load_config
-from pc_megatron.report import FIGURES
 from pc_megatron.train import train
 
 
@@ -33,14 +33,14 @@ def test_report_names_a_folder_that_is_no_run(tmp_path, capsys):
 
 
 def test_labels_tell_runs_apart(tmp_path):
-    from pc_megatron.report import _label
+    from pc_megatron.commands.report import _label
 
     a, b = tmp_path / "seed0" / "grpo", tmp_path / "seed1" / "grpo"
     assert _label(a, [a, b]) == "seed0/grpo" and _label(b, [a, b]) == "seed1/grpo"
 
 
 def test_allocation_splits_trained_rollouts_by_whether_their_group_could_teach():
-    from pc_megatron.report import _smooth, _trained_degenerate
+    from pc_megatron.commands.report import _smooth, _trained_degenerate
 
     rows = [
         {"step": 0, "cum_rollouts": 0},  # the evaluation row: no update

@@ -78,7 +78,7 @@ def test_layouts_that_cannot_work_are_refused_with_the_reason():
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPE_DIR.glob("*.yaml") if p.stem != "tiny"))
 def test_every_shipped_recipe_has_a_route_for_every_engine_worker(recipe):
-    from pc_megatron.plan import plan
+    from pc_megatron.commands.plan import plan
 
     out = plan(load_config(recipe))
     assert not out["problems"], out["problems"]

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from pc_megatron.commands.survey import analyse, degenerate_share, fit_prior, format_against, observed
 from pc_megatron.config import load_config, to_yaml
-from pc_megatron.survey import analyse, degenerate_share, fit_prior, format_against, observed
 
 
 def _counts(rates: list[float], k: int, seed: int) -> list[tuple[int, int]]:

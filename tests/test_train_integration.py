@@ -227,7 +227,7 @@ def test_allocation_policies_run_end_to_end_and_resume_exactly(policy, cache_dir
 
 
 def test_compare_runs_every_method_at_every_seed_and_reports_intervals(cache_dir, tmp_path):
-    from pc_megatron.compare import compare
+    from pc_megatron.commands.compare import compare
 
     over = [*SMALL, "steps=2", "scheduler.p_lower=0.0", "data.synthetic.num_eval_expected=200"]
     dead = tmp_path / "cmp" / "seed1" / "pilot_commit"  # a run killed while writing its first checkpoint

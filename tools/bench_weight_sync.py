@@ -54,7 +54,7 @@ def random_qwen(folder: Path, dtype: torch.dtype) -> Path:
         return folder
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from pc_megatron.model.tiny import build_tokenizer
+    from pc_megatron.embedded.tiny_model import build_tokenizer
 
     cfg = Qwen2Config(**QWEN05B, max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=1)
     with torch.device("cpu"):
@@ -238,7 +238,7 @@ def bench_transports(
 def bench_rollout(repeats: int) -> dict:
 
     from pc_megatron.config import load_config
-    from pc_megatron.model.tiny import load_tokenizer
+    from pc_megatron.model.tokenizer import load_tokenizer
     from pc_megatron.prepare import load_task, warm_started
     from pc_megatron.rollout.engines import build_engine
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pc_megatron.compare import curve, paired
 from pc_megatron.observability import POLICY_LABELS, read_metrics
+from pc_megatron.stats import curve, paired
 
 LEVELS = [
     "easy",

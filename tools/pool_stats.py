@@ -17,7 +17,7 @@ from collections import defaultdict
 import torch
 
 from pc_megatron.config import load_config
-from pc_megatron.model.tiny import load_tokenizer
+from pc_megatron.model.tokenizer import load_tokenizer
 from pc_megatron.prepare import load_task, rl_pool, warm_started
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.engines import build_engine

@@ -78,7 +78,7 @@ class SyntheticTaskConfig:
     pool: str = "hard"
     """RL training pool. ``hard``: the train split as drawn from ``mix`` (about half the groups
     start degenerate, the paper's regime). ``easy``: prompts from ``mix`` whose pass rate under
-    the initial policy lies in ``easy_pass_band`` (few degenerate groups; pc_megatron/pools.py).
+    the initial policy lies in ``easy_pass_band`` (few degenerate groups; pc_megatron/embedded/pools.py).
     ``graded``: ``hopeless_frac`` of prompts the initial policy (almost) never solves,
     ``solved_frac`` it (almost) always solves, the rest in between (a dial from few degenerate
     groups to the paper's regime and beyond). The held-out and SFT splits, hence the

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pc_megatron.embedded.tiny_model import TinyModelConfig
 from pc_megatron.errors import ConfigError
-from pc_megatron.model.tiny import TinyModelConfig
 
 
 @dataclass

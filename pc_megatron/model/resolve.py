@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pc_megatron.data.task import config_hash
+from pc_megatron.embedded.tiny_model import create_tiny_model
 from pc_megatron.model.arch import load_arch
 from pc_megatron.model.config import ModelConfig
-from pc_megatron.model.tiny import create_tiny_model
 
 
 def base_model_dir(model: ModelConfig, cache: Path, progress: bool = True) -> Path:

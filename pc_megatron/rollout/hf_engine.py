@@ -18,7 +18,7 @@ class HFEngine:
     def __init__(self, model_dir: str | Path, max_batch_size: int = 512, device: str | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
-        from pc_megatron.model.tiny import load_tokenizer
+        from pc_megatron.model.tokenizer import load_tokenizer
 
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():

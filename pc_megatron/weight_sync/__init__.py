@@ -1,5 +1,3 @@
-"""Megatron ↔ Hugging Face parameter mapping, shared by weight sync and checkpoint export."""
-
-from pc_megatron.weight_sync.mapping import megatron_to_hf
-
-__all__ = ["megatron_to_hf"]
+"""Learner -> engine weight transfer: the Megatron <-> Hugging Face name mapping (``mapping.py``, shared
+with checkpoint export), tensor-parallel sharding (``sharding.py``), the bucketed transports
+(``transport.py``), per-GPU routes (``routes.py``, ``routed.py``) and the broadcast group."""

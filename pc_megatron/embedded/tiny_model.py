@@ -1,4 +1,4 @@
-"""The embedded policy: a character-level tokenizer and a tiny Qwen2 model, built in-process.
+"""The embedded task's policy: a character-level tokenizer and a tiny Qwen2 model, built in-process.
 
 Both are saved in Hugging Face format, so ``transformers`` (and vLLM) load them offline like
 any downloaded model.
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 CHARS = "0123456789+-*/=()?., "
@@ -49,13 +47,6 @@ def build_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
 
 
-def load_tokenizer(model_dir: str | Path):
-    # AutoTokenizer would rewrite the pre-tokenizer for Qwen2 configs; load the file as-is.
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
-
-
 def hf_config(cfg: TinyModelConfig, tokenizer):
     from transformers import Qwen2Config
 
@@ -91,6 +82,8 @@ def create_tiny_model(cfg: TinyModelConfig, out_dir: str | Path) -> Path:
 
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
+    import torch
+
     torch.manual_seed(cfg.init_seed)
     model = Qwen2ForCausalLM(hf_config(cfg, tokenizer))
     model.save_pretrained(out_dir)

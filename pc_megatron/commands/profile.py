@@ -3,15 +3,38 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pc_megatron.commands import add_recipe_arguments, recipe_and_overrides
 from pc_megatron.phases import disable, enable, opened_names
 
 if TYPE_CHECKING:
     from pc_megatron.config import RunConfig
+
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="torch.profiler over a few steps: trace, per-phase breakdown, memory")
+    add_recipe_arguments(p)
+    p.add_argument("--steps", type=int, default=3, help="profiled steps")
+    p.add_argument("--warmup", type=int, default=2, help="steps run before profiling starts")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for trace.json, breakdown.md/png")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pc_megatron.config import load_config
+
+    cfg = load_config(*recipe_and_overrides(args))
+    out = Path(args.out)
+    res = profile(cfg, out, args.steps, args.warmup)
+    print((out / "breakdown.md").read_text().split("## Top operators")[0].rstrip())
+    print(f"\n{out}: trace.json, breakdown.md, breakdown.png (phases = {res['phase_sum_over_step']:.1%} of the step)")
+    return 0
 
 
 class Capture:
@@ -58,9 +81,7 @@ def profile(cfg: RunConfig, out: Path, steps: int, warmup: int) -> dict:
         raise ConfigError(f"profile needs --steps >= 1 and --warmup >= 0 (got {steps}, {warmup})")
     if (out / "run" / "metrics.jsonl").exists():
         raise ConfigError(f"{out} already holds a profile; pass another --out")
-    cfg = dataclasses.replace(
-        cfg, steps=warmup + steps, checkpoint=dataclasses.replace(cfg.checkpoint, every_steps=0)
-    )
+    cfg = dataclasses.replace(cfg, steps=warmup + steps, checkpoint=dataclasses.replace(cfg.checkpoint, every_steps=0))
     capture = Capture(warmup + 1, warmup + steps)
     enable()
     try:

@@ -27,21 +27,37 @@ resident unless ``learner.offload_during_rollout``, plus the engine's share).
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pc_megatron.commands import add_recipe_arguments, recipe_and_overrides
 from pc_megatron.errors import ConfigError
 from pc_megatron.model.arch import ArchSpec, arch_from_file, load_arch
 from pc_megatron.model.config import ModelConfig
 from pc_megatron.weight_sync.routes import Slot, layout_slots, plan_routes
-from pc_megatron.weight_sync.sharding import check_divisible
 
 if TYPE_CHECKING:
     from pc_megatron.config import RunConfig
 
-CARDS = Path(__file__).resolve().parent / "assets" / "arch"
+CARDS = Path(__file__).resolve().parent.parent / "assets" / "arch"
 GIB = 2**30
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="per-GPU memory and per-step work of a recipe; refuses what cannot fit")
+    add_recipe_arguments(p)
+    p.add_argument("--gpu-gib", type=float, default=140.0, help="memory of one GPU (H200: 140 GiB)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pc_megatron.config import load_config
+
+    res = plan(load_config(*recipe_and_overrides(args)), gpu_gib=args.gpu_gib)
+    print(format_plan(res))
+    return 2 if res["problems"] else 0
 
 
 def model_arch(model: ModelConfig) -> tuple[ArchSpec, str]:
@@ -106,6 +122,8 @@ def placement(cfg: RunConfig, gpus_per_node: int) -> tuple[list[str], list]:
 
 def plan(cfg: RunConfig, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict:
     """The figures ``pc-megatron plan`` prints (bytes are per GPU)."""
+    from pc_megatron.weight_sync.sharding import check_divisible
+
     a, source = model_arch(cfg.model)
     lc, rc, v = cfg.learner, cfg.rollout, cfg.rollout.vllm
     tp, pp, dp = lc.tensor_parallel_size, lc.pipeline_parallel_size, lc.data_parallel_size

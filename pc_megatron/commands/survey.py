@@ -20,6 +20,7 @@ The simulation holds the policy still, so it speaks of a run's first epoch; lear
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import random
@@ -27,9 +28,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pc_megatron.commands import add_recipe_arguments, recipe_and_overrides
 from pc_megatron.scheduler.belief import _FLAT, GRID
 from pc_megatron.scheduler.core import SchedulerConfig
 from pc_megatron.scheduler.simulate import simulate
+from pc_megatron.stats import percentile_interval
 
 if TYPE_CHECKING:
     from pc_megatron.config import RunConfig
@@ -37,6 +40,58 @@ if TYPE_CHECKING:
 POLICIES = ("grpo", "dapo", "pilot_commit", "adaptive")
 NS = (8, 16, 32, 64)
 COSTS = ("per_informative_group", "per_update")  # what the simulation reports of each policy
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("survey", help="a recipe's pool under its starting policy: pass rates, degenerate groups")
+    add_recipe_arguments(p)
+    p.add_argument("--prompts", type=int, default=128, help="training prompts sampled")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="rollouts per prompt (default: the recipe's n, at least 16; fewer than n cannot resolve the pass "
+        "rates below 1/k that decide whether an n-sample group is all alike)",
+    )
+    p.add_argument("--steps", type=int, default=40, help="steps of each policy simulated on the fitted pool")
+    p.add_argument("--bootstrap", type=int, default=20, help="resamples of the prompts for the intervals")
+    p.add_argument("--out", metavar="DIR", help="write survey.json here")
+    p.add_argument(
+        "--load",
+        metavar="FILE",
+        help="a saved survey.json instead of sampling again: printed as saved, or with RECIPE [overrides] "
+        "forecast again from its per-prompt counts under that setting (another n, B or scheduler)",
+    )
+    p.add_argument(
+        "--against", nargs="+", metavar="RUN", help="runs of the recipe: their first --steps steps beside the forecast"
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pc_megatron.config import load_config
+    from pc_megatron.errors import ConfigError
+
+    if args.load:
+        res = json.loads(Path(args.load).read_text())
+        if args.recipe:  # forecast again from the saved counts under this recipe and its overrides
+            if "correct" not in res:
+                raise ConfigError(
+                    f"{args.load} was saved without per-prompt counts (before they were kept): run the survey "
+                    "again to forecast under another setting, or drop the recipe to print it as saved"
+                )
+            cfg = load_config(*recipe_and_overrides(args))
+            kept = {k: res[k] for k in ("rollouts", "tokens", "wall_s") if k in res}
+            res = forecast(res["correct"], res["samples"], cfg, args.steps, args.bootstrap, kept)
+    else:
+        cfg = load_config(*recipe_and_overrides(args))
+        out = Path(args.out) if args.out else None
+        res = survey(cfg, args.prompts, args.samples, out, args.steps, args.bootstrap)
+    print(format_survey(res))
+    if args.against:
+        steps = res["recipe"]["steps_simulated"]
+        print(format_against(res, [observed(Path(r), steps) for r in args.against]))
+    return 0
 
 
 def fit_prior(counts: list[tuple[int, int]], iters: int = 300) -> list[float]:
@@ -77,11 +132,6 @@ def allocation(prior: list[float], sched: SchedulerConfig, B: int, n: int, steps
     return out
 
 
-def _interval(values: list[float]) -> tuple[float, float]:
-    v = sorted(values)
-    return v[int(0.025 * (len(v) - 1))], v[round(0.975 * (len(v) - 1))]
-
-
 def analyse(counts: list[tuple[int, int]], sched: SchedulerConfig, B: int, n: int, steps: int, boots: int, seed: int):
     """The fit, the degenerate shares and the allocation figures, each with a bootstrap interval."""
     prior = fit_prior(counts)
@@ -101,7 +151,7 @@ def analyse(counts: list[tuple[int, int]], sched: SchedulerConfig, B: int, n: in
             samples.setdefault(policy, []).append(per_group[policy])
             samples.setdefault(f"{policy}/grpo", []).append(per_group[policy] / per_group["grpo"])
             samples.setdefault(f"{policy}/grpo per update", []).append(per_update[policy] / per_update["grpo"])
-    intervals = {k: _interval(v) for k, v in samples.items()}
+    intervals = {k: percentile_interval(v) for k, v in samples.items()}
     per_group = point["per_informative_group"]
     ratios = {p: per_group[p] / per_group["grpo"] for p in POLICIES}
     best = min(POLICIES, key=lambda p: per_group[p])

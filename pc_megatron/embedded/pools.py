@@ -26,7 +26,7 @@ from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
 from pc_megatron.data.synthetic import SyntheticTaskConfig, pool_candidates, split_fields
 from pc_megatron.data.task import Task, config_hash
 from pc_megatron.errors import ConfigError
-from pc_megatron.model.tiny import load_tokenizer
+from pc_megatron.model.tokenizer import load_tokenizer
 
 POOL_FORMAT = 1  # bump when the selection changes, to invalidate cached pools
 MAX_CHUNKS = 8  # candidate chunks of 4 x num_train prompts before giving up

@@ -11,6 +11,7 @@ log-prob mismatch. Plus a table per run: accuracies, rollouts, tokens, time, rew
 
 from __future__ import annotations
 
+import argparse
 import itertools
 from pathlib import Path
 
@@ -18,6 +19,18 @@ from pc_megatron.errors import UserError
 from pc_megatron.observability import benchmark_keys, read_metrics
 
 WASTE = ("wasted_filtered", "wasted_flushed", "wasted_surplus", "wasted_degenerate")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="one Markdown page of plots from the metrics of one or several runs")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for report.md and its PNGs")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(report([Path(d) for d in args.run_dirs], Path(args.out)))
+    return 0
 
 
 def _label(run_dir: Path, others: list[Path]) -> str:
