@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from pc_megatron.algo.config import AlgoConfig
 from pc_megatron.checkpoint import CheckpointConfig
 from pc_megatron.data.config import DataConfig
-from pc_megatron.errors import ConfigError, positive
+from pc_megatron.errors import ConfigError, not_one_of, positive
 from pc_megatron.evaluate import EvalConfig
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.config import ModelConfig
@@ -95,9 +95,9 @@ def _friendly(e: OmegaConfBaseException, source: str) -> ConfigError:
     if isinstance(e, ConfigKeyError):
         return ConfigError(f"{source}: unknown config key '{key}'{_closest(key)}")
     if isinstance(e, ValidationError):
-        choices = _choices(e.ref_type, e.key)
+        choices = _choices(e.object_type, e.key) or _choices(e.ref_type, e.key)
         if choices:  # the message each component's own check gave when choices were plain strings
-            return ConfigError(f"{key}: '{e.value}' is not one of {', '.join(map(str, choices))}")
+            return ConfigError(not_one_of(key, e.value, choices))
         msg = str(e).splitlines()[0]
         return ConfigError(f"{source}: bad value for '{key}': {msg}")
     return ConfigError(f"{source}: {str(e).splitlines()[0]}")
@@ -184,7 +184,7 @@ def validate(cfg: RunConfig) -> None:
     """Each section validates itself; what spans sections is checked here."""
     positive("steps", cfg.steps)
     positive("threads", cfg.threads)
-    if cfg.runtime not in ("local", "ray"):
+    if cfg.runtime not in ("local", "ray"):  # the root's one choice (sections check their own)
         raise ConfigError(f"runtime: '{cfg.runtime}' is not one of local, ray")
     for section in (cfg.algo, cfg.eval, cfg.data, cfg.model, cfg.checkpoint, cfg.ray, cfg.learner, cfg.rollout):
         section.validate()

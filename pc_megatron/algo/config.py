@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from pc_megatron.errors import ConfigError, positive
+from pc_megatron.errors import ConfigError, check_choices, positive
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = get_args(Aggregation)
@@ -38,8 +38,7 @@ class LossConfig:
     """C of 'seq-mean-token-sum-norm'; 0 = rollout.max_new_tokens."""
 
     def validate(self) -> None:
-        if self.agg not in AGG_MODES:
-            raise ConfigError(f"algo.loss.agg: '{self.agg}' is not one of {', '.join(AGG_MODES)}")
+        check_choices(self, "algo.loss")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ConfigError("algo.loss.clip_low must be in [0, 1) and clip_high >= 0")
         if self.tis_cap != 0 and self.tis_cap < 1:
@@ -96,5 +95,4 @@ class AlgoConfig:
             )
         positive("algo.epochs", self.epochs)
         self.loss.validate()
-        if self.old_logprobs not in ("fused", "separate"):
-            raise ConfigError(f"algo.old_logprobs: '{self.old_logprobs}' is not one of fused, separate")
+        check_choices(self, "algo")

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pc_megatron.data.synthetic import SyntheticTaskConfig, validate_mix, validate_pool
 from pc_megatron.data.word_problems import WordProblemsConfig
-from pc_megatron.errors import ConfigError
+from pc_megatron.errors import ConfigError, check_choices
 
 
 @dataclass
@@ -41,12 +41,9 @@ class DataConfig:
         return not self.train_path and not self.generator
 
     def validate(self) -> None:
-        if self.chat_template not in ("auto", "always", "never"):
-            raise ConfigError(f"data.chat_template: '{self.chat_template}' is not one of auto, always, never")
+        check_choices(self, "data")
         if self.max_prompt_tokens < 0:
             raise ConfigError("data.max_prompt_tokens must be >= 0 (0 = no limit)")
-        if self.generator not in ("", "word_problems"):
-            raise ConfigError(f"data.generator: '{self.generator}' is not one of '' (none), word_problems")
         if self.generator and self.train_path:
             raise ConfigError("data.generator makes the training rows: unset data.train_path (or the generator)")
         if self.generator:

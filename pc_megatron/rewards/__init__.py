@@ -12,9 +12,9 @@ import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from pc_megatron.errors import ConfigError
+from pc_megatron.errors import ConfigError, check_choices
 from pc_megatron.rewards.result import Reward, RewardResult
 
 _INT = re.compile(r"^\s*(-?\d+)\s*$")
@@ -58,7 +58,7 @@ class RewardConfig:
     timeout_s: float = 10.0
     """Per completion: a reward still running after this long is stopped (its worker is
     replaced), scored as a failure and counted in ``reward/timeouts``."""
-    on_error: str = "raise"
+    on_error: Literal["raise", "count"] = "raise"
     """A reward that raises: 'raise' stops the step with the prompt id and the input (a bug in
     the reward or a bad dataset row); 'count' scores it as a failure, counted in
     ``reward/errors``. A worker that crashes is always counted."""
@@ -81,8 +81,7 @@ class RewardConfig:
             raise ConfigError(f"reward.workers={self.workers}: need at least one worker process")
         if self.timeout_s <= 0:
             raise ConfigError(f"reward.timeout_s={self.timeout_s}: must be > 0 seconds")
-        if self.on_error not in ("raise", "count"):
-            raise ConfigError(f"reward.on_error: '{self.on_error}' is not one of raise, count")
+        check_choices(self, "reward")
         if self.overlong_buffer < 0 or self.overlong_penalty < 0:
             raise ConfigError("reward.overlong_buffer and reward.overlong_penalty must be >= 0")
         if not 0.0 < self.max_failure_frac <= 1.0:

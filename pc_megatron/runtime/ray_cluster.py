@@ -18,9 +18,10 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pc_megatron.errors import ConfigError
+from pc_megatron.errors import ConfigError, check_choices
+from pc_megatron.rollout.base import RolloutConfig
 
 
 @dataclass
@@ -30,7 +31,7 @@ class RayConfig:
     address: str = ""
     """'' = start a Ray instance for this run (one machine); 'auto' or HOST:PORT = join the
     cluster started with `ray start --head` / `ray start --address=...`."""
-    placement: str = "colocated"
+    placement: Literal["colocated", "split"] = "colocated"
     """'colocated': learner rank i and engine replica i share bundle i (fractional GPU);
     'split': engines get bundles (GPUs) of their own."""
     bundles_per_node: int = 0
@@ -52,8 +53,7 @@ class RayConfig:
     """Joining a cluster (ray.address): the head must answer within this many seconds."""
 
     def validate(self) -> None:
-        if self.placement not in ("colocated", "split"):
-            raise ConfigError(f"ray.placement: '{self.placement}' is not one of colocated, split")
+        check_choices(self, "ray")
         if self.bundles_per_node < 0 or self.cpus_per_bundle <= 0 or self.call_timeout_s <= 0:
             raise ConfigError("ray.bundles_per_node must be >= 0, ray.cpus_per_bundle and ray.call_timeout_s > 0")
         if self.connect_timeout_s <= 0:
@@ -198,7 +198,7 @@ def actor_options(bundle: Bundle, cpus: float, gpus: float, capture: bool = Fals
     return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": strategy}
 
 
-def engine_config(rc: Any, placement: str) -> Any:
+def engine_config(rc: RolloutConfig, placement: str) -> RolloutConfig:
     """The rollout config the engine replicas are built with: engines on GPUs of their own
     (``split``) never sleep (nothing shares their memory), so ``sleep_level`` is 0 there."""
     out = copy.deepcopy(rc)
