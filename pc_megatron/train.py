@@ -6,9 +6,9 @@ Ray actors): per step,
     runtime.sync_weights()                    the learner's weights become the fleet's next version
 
 with held-out evaluation every ``eval.every_steps`` and a checkpoint every ``checkpoint.every_steps``.
-The scheduler decides which prompts get how many rollouts (``grpo``: B prompts x n; ``dapo``;
-``pilot_commit``: see pc_megatron/scheduler). Departures from the textbook are in
-``algo/update.py``.
+The scheduler decides which prompts get how many rollouts (``scheduler.policy``: ``grpo``, B prompts
+x n; ``dapo``; ``pilot_commit``; ``adaptive``: see pc_megatron/scheduler). Departures from the
+textbook are in ``algo/update.py``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ import time
 import pytest
 import torch
 
-from pc_megatron.weight_sync.transport import BucketReceiver, _unpack, checksum, make_sender
+from pc_megatron.weight_sync.buckets import checksum, unpack
+from pc_megatron.weight_sync.receiver import BucketReceiver
+from pc_megatron.weight_sync.transport import make_sender
 
 DELAY_S = 0.3
 
@@ -45,14 +47,15 @@ def _receiver(conn, mode: str, device: str) -> None:
 
 
 def _deferred_views(rx: BucketReceiver, handle: dict):
-    from pc_megatron.weight_sync.transport import TensorMeta, open_ipc_buffer
+    from pc_megatron.weight_sync.buckets import TensorMeta
+    from pc_megatron.weight_sync.receiver import open_ipc_buffer
 
     metas = [TensorMeta(n, d, tuple(s), o, b) for n, d, s, o, b in handle["metas"]]
     if handle["kind"] == "shm":
         buffer = torch.from_file(handle["path"], shared=True, size=handle["size"], dtype=torch.uint8)
     else:
         buffer = open_ipc_buffer(handle)
-    return _unpack(buffer, metas, copy=False)
+    return unpack(buffer, metas, copy=False)
 
 
 def _run(kind: str, mode: str, device: str) -> list[bool]:

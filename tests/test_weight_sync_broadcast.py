@@ -13,15 +13,16 @@ import torch.multiprocessing as mp
 
 from pc_megatron.errors import TrainingError
 from pc_megatron.weight_sync.broadcast_group import BroadcastGroup
+from pc_megatron.weight_sync.buckets import buckets
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
-from pc_megatron.weight_sync.transport import BroadcastSender, buckets, push_weights
+from pc_megatron.weight_sync.transport import BroadcastSender, push_weights
 
 BUCKET = 64 << 10
 
 
 def _engine_process(requests, answers, out_path: str, device: str) -> None:
     """A receiving engine process: stages what a sync delivers and saves it at a successful end."""
-    from pc_megatron.weight_sync.transport import BucketReceiver
+    from pc_megatron.weight_sync.receiver import BucketReceiver
 
     torch.set_num_threads(1)
     receiver, staged = BucketReceiver(device), {}

@@ -104,7 +104,7 @@ def bench_sync(model_dir: Path, buckets_mb: list[int], repeats: int, on_gpu: boo
 
 def _receiver_process(requests, answers, device: str) -> None:
     """A receiving process: copies every bucket out (as an engine would) and counts the tensors."""
-    from pc_megatron.weight_sync.transport import BucketReceiver
+    from pc_megatron.weight_sync.receiver import BucketReceiver
 
     torch.set_num_threads(1)
     receiver, received = BucketReceiver(device), 0

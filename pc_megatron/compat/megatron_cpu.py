@@ -2,12 +2,14 @@
 
 Megatron-Core assumes CUDA in a handful of places that matter for the paths we use
 (model build, forward/backward, DDP, optimizer, dist_checkpointing). On a machine without
-CUDA we patch exactly those places, and nothing else:
+CUDA we patch these, process-wide where the name is torch's own:
 
 - ``torch.cuda.current_device`` is used as a ``.to(device=...)`` target (rotary embedding,
-  optimizer state, checkpoint buffers): it returns ``"cpu"``.
-- ``torch.cuda.synchronize`` / ``torch.cuda.current_stream`` are called around checkpoint IO and
-  grad sync: no-ops.
+  optimizer state, checkpoint buffers): it returns ``"cpu"`` (process-wide).
+- ``torch.cuda.synchronize`` is called around checkpoint IO and grad sync: a no-op (process-wide;
+  ``torch.cuda.current_stream`` is not patched: no path we run calls it).
+- ``torch.Tensor.cuda`` (the optimizer's offload/restore helpers move state with it): returns the
+  tensor itself, for every tensor of the process.
 - A few modules create tensors with a literal ``device='cuda'`` (optimizer scale buffers,
   grad-norm accumulators, checkpoint exchange): their module-level ``torch`` name is bound to
   a thin proxy whose tensor factories map ``'cuda'`` to ``'cpu'``. Other modules are untouched.

@@ -11,7 +11,8 @@ import torch
 from pc_megatron.errors import ModelFileError
 from pc_megatron.rollout.base import Completion, SamplingParams, sample_seed
 from pc_megatron.weight_sync.manifest import Manifest
-from pc_megatron.weight_sync.transport import BucketReceiver, LocalSender, push_weights
+from pc_megatron.weight_sync.receiver import BucketReceiver
+from pc_megatron.weight_sync.transport import LocalSender, push_weights
 
 
 class HFEngine:

@@ -85,7 +85,7 @@ class WeightSyncExtension:
         return True
 
     def _pcm_bucket_receiver(self) -> Any:
-        from pc_megatron.weight_sync.transport import BucketReceiver
+        from pc_megatron.weight_sync.receiver import BucketReceiver
 
         if self._pcm_receiver is None:
             self._pcm_receiver = BucketReceiver(self.device, worker=self.rank)  # routed: this worker's handle

@@ -24,8 +24,9 @@ from typing import Protocol
 
 import torch
 
+from pc_megatron.weight_sync.buckets import buckets
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
-from pc_megatron.weight_sync.transport import Sender, SyncTarget, buckets
+from pc_megatron.weight_sync.transport import Sender, SyncTarget
 
 
 class Exchange(Protocol):

@@ -23,7 +23,7 @@ Transports:
   waits for the loads (``collective`` senders, ``CollectiveSyncTarget``).
 
 Nothing here imports vLLM: the engine side (``rollout/vllm_worker.py``) opens each handle with
-``BucketReceiver.open``.
+``receiver.BucketReceiver.open``; the bucket format is ``buckets.py``.
 """
 
 from __future__ import annotations
@@ -32,95 +32,17 @@ import os
 import pickle
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from pc_megatron.weight_sync.broadcast_group import BroadcastGroup
+from pc_megatron.weight_sync.buckets import buckets, checksum, gpu_uuid, layout, pack, plain
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
 
 SHM_DIR = Path("/dev/shm")
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    name: str
-    dtype: str  # torch dtype name without the "torch." prefix
-    shape: tuple[int, ...]
-    offset: int  # bytes from the buffer start (aligned)
-    nbytes: int
-
-
-_ALIGN = 256  # bytes; keeps every view aligned for vectorised copies
-
-
-def _aligned(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group the stream into buckets of at most ``bucket_bytes`` (a tensor larger than that is a
-    bucket of its own). Tensors are consumed lazily: at most one bucket is held."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in named:
-        n = _aligned(t.numel() * t.element_size())
-        if bucket and size + n > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += n
-    if bucket:
-        yield bucket
-
-
-def _layout(tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], int]:
-    metas, offset = [], 0
-    for name, t in tensors:
-        nbytes = t.numel() * t.element_size()
-        metas.append(TensorMeta(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
-        offset += _aligned(nbytes)
-    return metas, offset
-
-
-def _plain(metas: list[TensorMeta]) -> list[list]:
-    """Metadata as plain lists: RPC layers (vLLM's msgpack) carry them without pickling."""
-    return [[m.name, m.dtype, list(m.shape), m.offset, m.nbytes] for m in metas]
-
-
-def _pack(buffer: torch.Tensor, tensors: list[tuple[str, torch.Tensor]], metas: list[TensorMeta]) -> None:
-    for (_, t), m in zip(tensors, metas, strict=True):
-        buffer[m.offset : m.offset + m.nbytes].copy_(t.contiguous().view(-1).view(torch.uint8))
-
-
-def _unpack(buffer: torch.Tensor, metas: list[TensorMeta], copy: bool = True) -> list[tuple[str, torch.Tensor]]:
-    """Copies of the tensors in ``buffer`` (the sender reuses the buffer for the next bucket);
-    ``copy=False`` gives views of it (tests: what a receiver that defers its copy would read)."""
-    out = []
-    for m in metas:
-        raw = buffer[m.offset : m.offset + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape)
-        out.append((m.name, raw.clone() if copy else raw))
-    return out
-
-
-_CHUNK = 1 << 26  # bytes per step of a checksum (bounds its int64 working memory)
-
-
-def checksum(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[int]:
-    """The sum and the sum of squares of every byte of ``tensors``, exactly (int64 on the tensors'
-    device, one sync at the end). A bucket overwritten by the next one before the receiver copied
-    it out changes both almost surely."""
-    total = None
-    for _, t in tensors:
-        raw = t.detach().contiguous().view(-1).view(torch.uint8)
-        for i in range(0, raw.numel(), _CHUNK):
-            b = raw[i : i + _CHUNK].to(torch.int64)
-            part = torch.stack([b.sum(), (b * b).sum()])
-            total = part if total is None else total + part.to(total.device)
-    return [0, 0] if total is None else [int(x) for x in total.tolist()]
 
 
 class _Sender:
@@ -155,11 +77,11 @@ class SharedMemorySender(_Sender):
         self.buffer = torch.from_file(str(self.path), shared=True, size=size, dtype=torch.uint8)
 
     def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
-        metas, nbytes = _layout(tensors)
+        metas, nbytes = layout(tensors)
         self._ensure(nbytes)
         moved = [(n, t.detach().cpu()) for n, t in tensors]
-        _pack(self.buffer, moved, metas)
-        handle = {"kind": self.kind, "path": str(self.path), "size": self.buffer.numel(), "metas": _plain(metas)}
+        pack(self.buffer, moved, metas)
+        handle = {"kind": self.kind, "path": str(self.path), "size": self.buffer.numel(), "metas": plain(metas)}
         return self._seal(handle, moved)
 
     def close(self) -> None:
@@ -195,17 +117,17 @@ class CudaIpcSender(_Sender):
         self.gpu = gpu_uuid(self.buffer.device)
 
     def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
-        metas, nbytes = _layout(tensors)
+        metas, nbytes = layout(tensors)
         self._ensure(nbytes)
         moved = [(n, t.detach().to(self.device)) for n, t in tensors]
-        _pack(self.buffer, moved, metas)
+        pack(self.buffer, moved, metas)
         torch.cuda.current_stream(self.device).synchronize()  # the receiver reads on its own stream
         handle = {
             "kind": self.kind,
             "ipc": self.handle,
             "buffer_id": self.buffer_id,
             "gpu": self.gpu,
-            "metas": _plain(metas),
+            "metas": plain(metas),
         }
         return self._seal(handle, moved)
 
@@ -239,11 +161,11 @@ class BytesSender(_Sender):
         self.bucket_bytes = bucket_bytes
 
     def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
-        metas, nbytes = _layout(tensors)
+        metas, nbytes = layout(tensors)
         buffer = torch.zeros(nbytes, dtype=torch.uint8)
         moved = [(n, t.detach().cpu()) for n, t in tensors]
-        _pack(buffer, moved, metas)
-        return self._seal({"kind": self.kind, "data": buffer.numpy().tobytes(), "metas": _plain(metas)}, moved)
+        pack(buffer, moved, metas)
+        return self._seal({"kind": self.kind, "data": buffer.numpy().tobytes(), "metas": plain(metas)}, moved)
 
     def close(self) -> None:
         pass
@@ -261,15 +183,15 @@ class BroadcastSender(_Sender):
         self.buffer: torch.Tensor | None = None
 
     def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:
-        metas, nbytes = _layout(tensors)
+        metas, nbytes = layout(tensors)
         if self.buffer is None or self.buffer.numel() < nbytes:
             self.buffer = None
             self.buffer = torch.empty(
                 max(nbytes, self.bucket_bytes), dtype=torch.uint8, device=self.group.buffer_device
             )
         moved = [(n, t.detach().to(self.buffer.device)) for n, t in tensors]
-        _pack(self.buffer, moved, metas)
-        handle = {"kind": self.kind, "group": self.group.key, "nbytes": nbytes, "metas": _plain(metas)}
+        pack(self.buffer, moved, metas)
+        handle = {"kind": self.kind, "group": self.group.key, "nbytes": nbytes, "metas": plain(metas)}
         return self._seal(handle, moved)
 
     def send(self, handle: dict) -> None:
@@ -306,117 +228,6 @@ def make_sender(kind: str, bucket_bytes: int, group: BroadcastGroup | None = Non
         raise ValueError(f"unknown weight-sync transport '{kind}'")
     sender.verify = verify
     return sender
-
-
-def gpu_uuid(device: torch.device) -> str:
-    """The GPU's UUID: one name for one physical GPU, whatever index a process gives it."""
-    return str(torch.cuda.get_device_properties(device).uuid)
-
-
-class BucketReceiver:
-    """The engine side: opens a handle's buffer (kept open across buckets of the same buffer)
-    and returns copies of its tensors on ``device``, finished before ``open`` returns (the sender
-    refills the buffer once the load call answers; a CUDA copy is asynchronous until synchronised).
-    A ``routed`` handle holds one handle per engine worker: this receiver takes ``worker``'s. With a
-    ``checksum`` in the handle the copies are checked against it. For the ``broadcast`` transport it
-    is also this process's member of the group (``join``), kept across syncs."""
-
-    def __init__(self, device: torch.device | str = "cpu", worker: int = 0) -> None:
-        self.device = torch.device(device)
-        self.worker = worker
-        self._key: str | None = None
-        self._buffer: torch.Tensor | None = None
-        self.group: BroadcastGroup | None = None
-
-    def join(self, info: dict, rank: int) -> str:
-        """Be rank ``rank`` of the broadcast group ``info`` (rank 0's ``BroadcastGroup.info``);
-        a no-op when already in it, else the old group is left first. Returns the group key."""
-        if self.group is not None and self.group.key == info["key"] and self.group.alive:
-            return self.group.key
-        self.leave()
-        self.group = BroadcastGroup.join(info, rank, self.device)
-        return self.group.key
-
-    def leave(self) -> None:
-        if self.group is not None:
-            self.group.close()
-            self.group = None
-
-    def _receive(self, handle: dict) -> torch.Tensor:
-        group = self.group
-        if group is None or not group.alive or group.key != handle["group"]:
-            raise WeightSyncError(
-                f"broadcast weight sync: this engine process is not in group {handle['group'][:8]} "
-                "(it never joined, or a newer group replaced it)"
-            )
-        nbytes = handle["nbytes"]
-        if self._key != group.key or self._buffer is None or self._buffer.numel() < nbytes:
-            self._buffer = None
-            self._buffer = torch.empty(nbytes, dtype=torch.uint8, device=group.buffer_device)
-        try:
-            group.broadcast(self._buffer[:nbytes])
-        except Exception:
-            self.leave()  # a failed collective leaves the group unusable; the sender builds a new one
-            raise
-        return self._buffer
-
-    def open(self, handle: dict) -> list[tuple[str, torch.Tensor]]:
-        if handle["kind"] == "routed":
-            handle = handle["workers"][self.worker]
-        tensors = self._copy_out(handle)
-        if self.device.type == "cuda" or (self._buffer is not None and self._buffer.device.type == "cuda"):
-            torch.cuda.synchronize()  # the copies are done before the sender may refill its buffer
-        if "checksum" in handle and checksum(tensors) != handle["checksum"]:
-            raise WeightSyncError(
-                f"weight sync: a bucket arrived damaged (checksum {checksum(tensors)} != {handle['checksum']}); its "
-                "buffer was overwritten before this receiver copied it out"
-            )
-        return tensors
-
-    def _copy_out(self, handle: dict) -> list[tuple[str, torch.Tensor]]:
-        kind = handle["kind"]
-        if kind == "local":
-            return [(n, t.to(self.device, copy=True)) for n, t in handle["tensors"]]
-        metas = [TensorMeta(n, d, tuple(s), o, b) for n, d, s, o, b in handle["metas"]]
-        if kind == "bytes":
-            buffer = torch.frombuffer(bytearray(handle["data"]), dtype=torch.uint8)
-            return [(n, t.to(self.device)) for n, t in _unpack(buffer, metas)]
-        if kind == "broadcast":
-            self._buffer = self._receive(handle)
-            key = handle["group"]
-        elif kind == "shm":
-            key = handle["path"]
-            if key != self._key:
-                self._buffer = torch.from_file(key, shared=True, size=handle["size"], dtype=torch.uint8)
-        elif kind == "cuda_ipc":
-            key = handle["buffer_id"]
-            if key != self._key:
-                self._buffer = open_ipc_buffer(handle)
-        else:
-            raise ValueError(f"unknown weight-sync transport '{kind}'")
-        self._key = key
-        return [(n, t.to(self.device)) for n, t in _unpack(self._buffer, metas)]
-
-    def close(self) -> None:
-        """End of a sync: drop the buffer (the broadcast group, if any, stays for the next one)."""
-        self._key, self._buffer = None, None
-
-
-def open_ipc_buffer(handle: dict) -> torch.Tensor:
-    """The sender's CUDA buffer, mapped into this process on the same physical GPU. The handle's
-    device index is the sender's numbering; this process opens it on its own current device, after
-    checking that it is the GPU the handle names (by UUID): CUDA IPC does not cross GPUs."""
-    device = torch.device("cuda", torch.cuda.current_device())
-    mine = gpu_uuid(device)
-    if handle.get("gpu") and handle["gpu"] != mine:
-        raise WeightSyncError(
-            f"weight sync: a CUDA IPC handle of GPU {handle['gpu']} was opened on GPU {mine}; a colocated engine "
-            "worker must receive from the learner rank on its own GPU (see `pc-megatron plan` for the routes)"
-        )
-    rebuild, args = pickle.loads(handle["ipc"])
-    args = list(args)
-    args[6] = device.index  # storage_device of torch's rebuild_cuda_tensor: this process's index of the GPU
-    return rebuild(*args)
 
 
 class SyncTarget(Protocol):
