@@ -337,3 +337,28 @@ def test_adaptive_skips_prompts_it_knows_are_saturated_when_they_are_nearly_so()
 
     assert skipped([0.0, 0.002, 0.005], [1.0, 0.998, 0.995]) > 100
     assert skipped([0.01] * 3, [0.99] * 3) == 0
+
+
+def test_a_checkpoint_written_before_the_policy_objects_loads_and_continues_identically():
+    """``fixtures/scheduler_state_mixins.pkl`` holds, for a bound pilot_commit run and an adaptive
+    run, a scheduler state dict as the scheduler of commit 9807949 wrote it (before the policies
+    became objects; pickled as ``torch.save`` pickles it into a checkpoint), the oracle's draw counts
+    then, and what that scheduler did next: the following steps' groups and stats and its final state
+    dict. A scheduler of today loads it, does the same, and writes the same dict."""
+    from pathlib import Path
+
+    with open(Path(__file__).parent / "fixtures" / "scheduler_state_mixins.pkl", "rb") as f:
+        fixture = pickle.load(f)
+    for name, saved in fixture.items():
+        assert saved["state_dict"]["pending"] and saved["state_dict"]["buffer"], name  # both kinds of entry
+        sched = Scheduler(SchedulerConfig(**saved["config"]), 40, 4, 8, 0)
+        sched.load_state_dict(saved["state_dict"])
+        assert sched.state_dict() == saved["state_dict"], name
+        oracle = Oracle(40, 1)
+        oracle.drawn = list(saved["drawn"])
+        for step, (groups, stats) in enumerate(saved["expected"], start=saved["step"]):
+            oracle.version = step
+            batch = sched.next_batch(step, oracle, policy_version=step)
+            assert [(g.prompt, [s.correct for s in g.samples], g.pilot_samples) for g in batch.groups] == groups
+            assert batch.stats == stats, (name, step)
+        assert sched.state_dict() == saved["state_dict_after"], name
