@@ -6,7 +6,7 @@ picklable dict for checkpoints. No torch model code is imported here.
 """
 
 from pc_megatron.scheduler.core import (
-    Batch,
+    Allocation,
     GenRequest,
     Group,
     Sample,
@@ -14,4 +14,4 @@ from pc_megatron.scheduler.core import (
     SchedulerConfig,
 )
 
-__all__ = ["Batch", "GenRequest", "Group", "Sample", "Scheduler", "SchedulerConfig"]
+__all__ = ["Allocation", "GenRequest", "Group", "Sample", "Scheduler", "SchedulerConfig"]

@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 import random
 
-from pc_megatron.scheduler.types import Batch, Entry, GenerateFn, GenRequest, Group, Sample
+from pc_megatron.scheduler.types import Allocation, Entry, GenerateFn, GenRequest, Group, Sample
 
 
 class Adaptive:
-    def _adaptive(self, step: int, generate: GenerateFn) -> Batch:
+    def _adaptive(self, step: int, generate: GenerateFn) -> Allocation:
         """Each round: fresh prompts are judged by their pass-rate posterior: confidently solved
         or hopeless ones are deferred without a pilot (a few are piloted anyway, to explore),
         confidently informative ones get a full n-group at once, the rest a cheap pilot; one
@@ -101,7 +101,7 @@ class Adaptive:
             if not requests and not chosen and not drawn_any:
                 break  # nothing left to pilot or commit (or nothing that fits): the pool is exhausted
         self._flush_stale(step)
-        return Batch(groups, rounds)
+        return Allocation(groups, rounds)
 
     def _skip(self, prompt: int, step: int) -> None:
         """A prompt the posterior calls solved or hopeless: not piloted this epoch."""

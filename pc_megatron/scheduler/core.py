@@ -29,11 +29,11 @@ from pc_megatron.data.sampler import epoch_permutation
 from pc_megatron.scheduler.adaptive import Adaptive
 from pc_megatron.scheduler.belief import PassRateBelief
 from pc_megatron.scheduler.pilot_commit import PilotCommit, pass_rate_lower_bound
-from pc_megatron.scheduler.types import Batch, Entry, GenerateFn, GenRequest, Group, Sample
+from pc_megatron.scheduler.types import Allocation, Entry, GenerateFn, GenRequest, Group, Sample
 
 __all__ = [
     "POLICIES",
-    "Batch",
+    "Allocation",
     "Entry",
     "GenRequest",
     "GenerateFn",
@@ -259,7 +259,7 @@ class Scheduler(PilotCommit, Adaptive):
         self.state[entry.prompt] = "buffered"
 
     # ------------------------------------------------------------------ policies
-    def next_batch(self, step: int, generate: GenerateFn, policy_version: int = 0) -> Batch:
+    def next_batch(self, step: int, generate: GenerateFn, policy_version: int = 0) -> Allocation:
         before, tokens_before = dict(self.counts), dict(self.tokens)
         self.pilot_hist = [0] * (self.n_p + 1)
         if self.cfg.policy == "grpo":
@@ -310,12 +310,12 @@ class Scheduler(PilotCommit, Adaptive):
                 self.counts[f"degenerate_{req.phase}"] += len({s.reward for s in samples}) == 1
         return results
 
-    def _grpo(self, generate: GenerateFn) -> Batch:
+    def _grpo(self, generate: GenerateFn) -> Allocation:
         prompts = self._fresh(self.B)
         results = self._call(generate, [GenRequest(p, self.n, "full") for p in prompts])
-        return Batch([Group(p, s) for p, s in zip(prompts, results, strict=True)], rounds=1)
+        return Allocation([Group(p, s) for p, s in zip(prompts, results, strict=True)], rounds=1)
 
-    def _dapo(self, generate: GenerateFn) -> Batch:
+    def _dapo(self, generate: GenerateFn) -> Allocation:
         kept: list[Group] = []
         rounds = 0
         while len(kept) < self.B and rounds < self.cfg.max_rounds:
@@ -333,7 +333,7 @@ class Scheduler(PilotCommit, Adaptive):
                     kept.append(Group(p, samples))
                 else:
                     self._add("wasted_surplus", samples)
-        return Batch(kept, rounds)
+        return Allocation(kept, rounds)
 
     def _select(self, step: int, rnd: int, need: int, taken: set[int], budget: float = math.inf) -> list[Entry]:
         """Up to ``need`` buffered prompts not already in this batch (an epoch can wrap mid-step

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import math
 
-from pc_megatron.scheduler.types import Batch, Entry, GenerateFn, GenRequest, Group, Sample
+from pc_megatron.scheduler.types import Allocation, Entry, GenerateFn, GenRequest, Group, Sample
 
 
 @functools.lru_cache(maxsize=4096)
@@ -57,7 +57,7 @@ class PilotCommit:
     def _run_pilots(self, generate: GenerateFn, requests: list[GenRequest], gen_step: int) -> list[Entry]:
         return self._entries(requests, self._call(generate, requests), gen_step)
 
-    def _pilot_commit(self, step: int, generate: GenerateFn) -> Batch:
+    def _pilot_commit(self, step: int, generate: GenerateFn) -> Allocation:
         """Each round: file pilots → select up to the missing count → commit → trim.
 
         Unbound, a round's pilot is generated in the round itself. Bound, it was generated in
@@ -89,4 +89,4 @@ class PilotCommit:
             if not filed and not chosen:
                 break  # nothing left to pilot or commit: the pool is exhausted
         self._flush_stale(step)
-        return Batch(groups, rounds)
+        return Allocation(groups, rounds)
