@@ -29,8 +29,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from pc_megatron.scheduler import SchedulerConfig
 from pc_megatron.scheduler.belief import _FLAT, GRID
-from pc_megatron.scheduler.core import SchedulerConfig
 from pc_megatron.scheduler.simulate import simulate
 
 POLICIES = ("grpo", "dapo", "pilot_commit", "adaptive")

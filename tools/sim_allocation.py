@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pc_megatron.scheduler.core import SchedulerConfig
+from pc_megatron.scheduler import SchedulerConfig
 from pc_megatron.scheduler.simulate import simulate
 
 
