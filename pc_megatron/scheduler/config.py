@@ -81,6 +81,10 @@ class SchedulerConfig:
     sampling) extra fresh prompts. GRPO calls (B prompts) and unbound commit-only calls are left
     as they are. 1 = off."""
 
+    def pilot_size(self, samples_per_prompt: int) -> int:
+        """n_p: ``pilot_samples``, or a quarter of n (at least 1) when it is 0."""
+        return self.pilot_samples or max(1, samples_per_prompt // 4)
+
     def validate(self) -> None:
         if self.policy not in POLICY_NAMES:
             raise ConfigError(f"scheduler.policy: '{self.policy}' is not one of {', '.join(POLICY_NAMES)}")

@@ -48,6 +48,10 @@ class Entry:
     def p_hat(self) -> float:
         return sum(s.correct for s in self.samples) / len(self.samples)
 
+    def as_tuple(self) -> tuple[int, list[Sample], int, int]:
+        """Its form in a checkpoint (``Entry(*t)`` reads it back)."""
+        return (self.prompt, self.samples, self.gen_step, self.seq)
+
 
 @dataclass
 class Allocation:
