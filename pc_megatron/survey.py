@@ -29,11 +29,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from pc_megatron.scheduler import POLICIES as SCHEDULER_POLICIES
 from pc_megatron.scheduler import SchedulerConfig
 from pc_megatron.scheduler.belief import _FLAT, GRID
 from pc_megatron.scheduler.simulate import simulate
 
-POLICIES = ("grpo", "dapo", "pilot_commit", "adaptive")
+POLICIES = tuple(SCHEDULER_POLICIES)
 NS = (8, 16, 32, 64)
 COSTS = ("per_informative_group", "per_update")  # what the simulation reports of each policy
 
