@@ -11,7 +11,7 @@ from pc_megatron.scheduler.pool import PromptPool
 from pc_megatron.scheduler.types import Allocation, Entry, GenerateFn
 
 STATE_KEYS = ("epoch", "cursor", "state", "counts", "tokens", "pilot_batches", "buffer", "pending", "belief")
-"""The checkpoint dict's keys (those of the one class that held pool and policies before them; a
+"""The checkpoint dict's keys, as they were when one class held the pool and every policy (so a
 checkpoint written then loads now): the pool's ``epoch``, ``cursor``, ``state``, ``counts``,
 ``tokens`` and ``buffer`` (entries as ``(prompt, samples, gen_step, seq)``); the piloting policies'
 ``pilot_batches`` and ``pending`` (entries alike); the adaptive policy's ``belief``. Every policy's
@@ -39,19 +39,19 @@ class Scheduler:
         pool = self.pool
         before, tokens_before = dict(pool.counts), dict(pool.tokens)
         pool.pilot_hist = [0] * (self.n_p + 1)
-        batch = self.policy.allocate(pool, step, generate)
-        for g in batch.groups:
+        allocation = self.policy.allocate(pool, step, generate)
+        for g in allocation.groups:
             pool.add("trained", g.samples)
-        lags = [policy_version - s.policy_version for g in batch.groups for s in g.samples]
+        lags = [policy_version - s.policy_version for g in allocation.groups for s in g.samples]
         waiting = self._waiting()
         ages = [step - e.gen_step for e in waiting]  # steps since generated
-        batch.stats = {
+        allocation.stats = {
             **{f"step_{k}": pool.counts[k] - before[k] for k in pool.counts},
             **{f"cum_{k}": v for k, v in pool.counts.items()},
             **{f"step_tokens_{k}": pool.tokens[k] - tokens_before[k] for k in pool.tokens},
             **{f"cum_tokens_{k}": v for k, v in pool.tokens.items()},
-            "groups": len(batch.groups),
-            "rounds": batch.rounds,
+            "groups": len(allocation.groups),
+            "rounds": allocation.rounds,
             "buffer_size": len(waiting),  # with the policy's pending pilots (bound ones are filed next step)
             "buffer_age_mean": sum(ages) / len(ages) if ages else 0.0,
             "buffer_age_max": max(ages, default=0),
@@ -64,7 +64,7 @@ class Scheduler:
             "max_policy_lag": max(lags, default=0),
             "mean_policy_lag": sum(lags) / len(lags) if lags else 0.0,
         }
-        return batch
+        return allocation
 
     def buffered_samples(self) -> int:
         return sum(len(e.samples) for e in self._waiting())
