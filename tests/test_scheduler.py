@@ -45,8 +45,10 @@ def run(cfg, steps, num_prompts=40, B=4, n=8, seed=0, oracle_seed=1):
     for step in range(steps):
         oracle.version = step
         batch = sched.next_batch(step, oracle, policy_version=step)
-        buffered_tokens = sum(s.tokens for e in [*sched.buffer.values(), *sched.pending] for s in e.samples)
-        history.append((batch, dict(sched.counts), dict(sched.state), sched.buffered_samples(), buffered_tokens))
+        buffered_tokens = sum(s.tokens for e in [*sched.pool.buffer.values(), *sched.policy.pending] for s in e.samples)
+        history.append(
+            (batch, dict(sched.pool.counts), dict(sched.pool.state), sched.buffered_samples(), buffered_tokens)
+        )
     return sched, oracle, history
 
 
@@ -83,7 +85,7 @@ def test_accounting_and_pool_invariants(cfg, steps, seed):
         assert len(batch.groups) <= 4 and len({g.prompt for g in batch.groups}) == len(batch.groups)
         assert all(len(g.samples) == 8 for g in batch.groups)  # trained group = n samples (pilot ∪ commit)
         assert set(state.values()) <= {"fresh", "buffered", "used", "deferred", "evicted"}  # one state per prompt
-    assert {p for p, s in sched.state.items() if s == "buffered"} == set(sched.buffer)
+    assert {p for p, s in sched.pool.state.items() if s == "buffered"} == set(sched.pool.buffer)
     # an evicted prompt is never requested in a later step
     evicted_at = {}
     for step, (_, _, state, *_) in enumerate(history):
@@ -146,14 +148,14 @@ def test_resuming_from_any_step_reproduces_the_uninterrupted_run(cfg, seed, cut)
 def test_deferred_prompts_come_back_next_epoch_and_evicted_never_do():
     cfg = SchedulerConfig(policy="pilot_commit", bind=False, gen_prompts_multiplier=3, evict_min_pass_rate=0.0)
     sched, oracle, _ = run(cfg, 60, num_prompts=24)
-    assert sched.epoch >= 3
+    assert sched.pool.epoch >= 3
     pilots = [p for call in oracle.requests for p, _, phase, _ in call if phase == "pilot"]
     # p = 0: always below p_lower, so deferred each epoch and piloted again in the next
     for p in (i for i, q in enumerate(oracle.p) if q == 0.0):
-        assert sched.state[p] != "evicted" and pilots.count(p) >= sched.epoch - 1
+        assert sched.pool.state[p] != "evicted" and pilots.count(p) >= sched.pool.epoch - 1
     # p = 1: all pilot samples correct, evicted at the first pilot, never requested again
     for p in (i for i, q in enumerate(oracle.p) if q == 1.0):
-        assert sched.state[p] == "evicted" and pilots.count(p) == 1
+        assert sched.pool.state[p] == "evicted" and pilots.count(p) == 1
 
 
 def test_binding_puts_commit_and_next_pilot_in_one_call():
@@ -185,11 +187,11 @@ def test_degenerate_groups_are_counted_per_phase():
                 if ph == phase:
                     groups += 1
                     degenerate += oracle.p[prompt] in (0.0, 1.0)
-        assert sched.counts[f"groups_{phase}"] == groups > 0
+        assert sched.pool.counts[f"groups_{phase}"] == groups > 0
         # p in {0, 1} is always degenerate; p in (0, 1) sometimes is, by chance
-        assert sched.counts[f"degenerate_{phase}"] >= degenerate
+        assert sched.pool.counts[f"degenerate_{phase}"] >= degenerate
         other = "pilot" if phase == "full" else "full"
-        assert sched.counts[f"groups_{other}"] == 0
+        assert sched.pool.counts[f"groups_{other}"] == 0
 
 
 @SETTINGS
@@ -225,7 +227,7 @@ def test_bad_config_is_rejected():
 
 
 def test_pass_rate_lower_bound_matches_the_closed_form_and_guards_eviction():
-    from pc_megatron.scheduler.core import pass_rate_lower_bound
+    from pc_megatron.scheduler import pass_rate_lower_bound
 
     for n in (2, 8, 32):  # all correct: (1 - confidence) ** (1 / n)
         assert abs(pass_rate_lower_bound(n, n) - 0.05 ** (1 / n)) < 1e-9
@@ -235,14 +237,14 @@ def test_pass_rate_lower_bound_matches_the_closed_form_and_guards_eviction():
     cfg = SchedulerConfig(policy="pilot_commit", pilot_samples=2, bind=False, evict_min_pass_rate=0.0)
     evicting, _, _ = run(cfg, 10)
     guarded, _, _ = run(dataclasses.replace(cfg, evict_min_pass_rate=0.9), 10)
-    assert evicting.counts["evicted"] > 0 and guarded.counts["evicted"] == 0
+    assert evicting.pool.counts["evicted"] > 0 and guarded.pool.counts["evicted"] == 0
     # the default scales the guard with the pilot: on below 16 samples, the recipe's rule from 16 on
     auto = dataclasses.replace(cfg, evict_min_pass_rate=-1.0)
-    assert Scheduler(auto, 40, 4, 8, 0).evict_guard == 0.9
-    assert Scheduler(dataclasses.replace(auto, pilot_samples=16), 40, 4, 64, 0).evict_guard == 0.0
+    assert Scheduler(auto, 40, 4, 8, 0).policy.evict_guard == 0.9
+    assert Scheduler(dataclasses.replace(auto, pilot_samples=16), 40, 4, 64, 0).policy.evict_guard == 0.0
     # with 32-sample pilots the guard lets all-correct pilots evict, as the recipe does at n = 128
     big, _, _ = run(dataclasses.replace(cfg, pilot_samples=32, evict_min_pass_rate=0.9), 5, n=64)
-    assert big.counts["evicted"] > 0
+    assert big.pool.counts["evicted"] > 0
 
 
 @SETTINGS
@@ -255,9 +257,9 @@ def test_every_pilot_carries_the_step_that_generated_it(cfg, seed):
     for step in range(12):
         oracle.version = step
         batch = sched.next_batch(step, oracle, policy_version=step)
-        assert all(e.gen_step == step for e in sched.pending)
-        assert all(step - cfg.max_off_steps <= e.gen_step <= step for e in sched.buffer.values())
-        assert batch.stats["buffer_size"] == len(sched.buffer) + len(sched.pending)
+        assert all(e.gen_step == step for e in sched.policy.pending)
+        assert all(step - cfg.max_off_steps <= e.gen_step <= step for e in sched.pool.buffer.values())
+        assert batch.stats["buffer_size"] == len(sched.pool.buffer) + len(sched.policy.pending)
         for g in batch.groups:  # a group's pilot samples came from the step its entry carried
             assert len({s.policy_version for s in g.samples[: g.pilot_samples]}) == 1
 
@@ -272,7 +274,9 @@ def _rollouts_per_mixed_group(policy: str, probs: list[float], steps: int = 30) 
         oracle.version = step
         batch = sched.next_batch(step, oracle, policy_version=step)
         mixed += sum(0 < sum(s.correct for s in g.samples) < len(g.samples) for g in batch.groups)
-    return sched.counts["generated"] / max(mixed, 1), sched.counts["generated_pilot"] / sched.counts["generated"]
+    return sched.pool.counts["generated"] / max(mixed, 1), sched.pool.counts["generated_pilot"] / sched.pool.counts[
+        "generated"
+    ]
 
 
 def test_adaptive_spends_little_where_groups_degenerate_and_nothing_extra_where_they_do_not():
@@ -332,8 +336,33 @@ def test_adaptive_skips_prompts_it_knows_are_saturated_when_they_are_nearly_so()
         for step in range(60):
             oracle.version = step
             sched.next_batch(step, oracle, policy_version=step)
-        assert sched.epoch >= 3
-        return sched.counts["skipped_confident"]
+        assert sched.pool.epoch >= 3
+        return sched.pool.counts["skipped_confident"]
 
     assert skipped([0.0, 0.002, 0.005], [1.0, 0.998, 0.995]) > 100
     assert skipped([0.01] * 3, [0.99] * 3) == 0
+
+
+def test_a_checkpoint_written_before_the_policy_objects_loads_and_continues_identically():
+    """``fixtures/scheduler_state_mixins.pkl`` holds, for a bound pilot_commit run and an adaptive
+    run, a scheduler state dict as the scheduler of commit 9807949 wrote it (before the policies
+    became objects; pickled as ``torch.save`` pickles it into a checkpoint), the oracle's draw counts
+    then, and what that scheduler did next: the following steps' groups and stats and its final state
+    dict. A scheduler of today loads it, does the same, and writes the same dict."""
+    from pathlib import Path
+
+    with open(Path(__file__).parent / "fixtures" / "scheduler_state_mixins.pkl", "rb") as f:
+        fixture = pickle.load(f)
+    for name, saved in fixture.items():
+        assert saved["state_dict"]["pending"] and saved["state_dict"]["buffer"], name  # both kinds of entry
+        sched = Scheduler(SchedulerConfig(**saved["config"]), 40, 4, 8, 0)
+        sched.load_state_dict(saved["state_dict"])
+        assert sched.state_dict() == saved["state_dict"], name
+        oracle = Oracle(40, 1)
+        oracle.drawn = list(saved["drawn"])
+        for step, (groups, stats) in enumerate(saved["expected"], start=saved["step"]):
+            oracle.version = step
+            batch = sched.next_batch(step, oracle, policy_version=step)
+            assert [(g.prompt, [s.correct for s in g.samples], g.pilot_samples) for g in batch.groups] == groups
+            assert batch.stats == stats, (name, step)
+        assert sched.state_dict() == saved["state_dict_after"], name

@@ -6,7 +6,8 @@
     python tools/behaviour_hash.py convert              # HF -> Megatron TP2 x PP2 -> HF round trip
 
 Each line is ``name sha256``. ``scheduler`` hashes every batch (prompts, samples, pilot sizes,
-rounds) and its stats, for each setting, on an oracle with fixed per-prompt pass rates. ``train``
+rounds) and its stats, for each setting, on an oracle with fixed per-prompt pass rates, and (the
+``.../state_dict`` line) the scheduler's checkpoint dict after the last step. ``train``
 and ``default`` hash each metrics row without wall-clock figures (``time_*``, ``*_per_s``,
 ``wall_s``), so two runs of the same code on the same machine give the same line. ``convert`` hashes
 every tensor of the round-tripped folder.
@@ -75,7 +76,9 @@ def scheduler_hashes(steps: int = 40) -> dict[str, str]:
                 for g in batch.groups
             ]
             trail.append((groups, batch.rounds, batch.stats))
-        out[f"scheduler/{policy}/bind={bind}/budget={budget}/multiple={multiple}"] = _digest(trail)
+        name = f"scheduler/{policy}/bind={bind}/budget={budget}/multiple={multiple}"
+        out[name] = _digest(trail)
+        out[f"{name}/state_dict"] = _digest(sched.state_dict())  # what a checkpoint carries on
     return out
 
 

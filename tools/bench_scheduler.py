@@ -17,13 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pc_megatron.scheduler import Sample, Scheduler, SchedulerConfig
+from pc_megatron.scheduler import POLICIES, Sample, Scheduler, SchedulerConfig
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=1_000_000)
-    ap.add_argument("--policy", default="pilot_commit")
+    ap.add_argument("--policy", default="pilot_commit", choices=list(POLICIES))
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--steps", type=int, default=20)

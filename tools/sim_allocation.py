@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pc_megatron.scheduler.core import SchedulerConfig
+from pc_megatron.scheduler import POLICIES, SchedulerConfig
 from pc_megatron.scheduler.simulate import simulate
 
 
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--B", type=int, default=16)
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--policies", nargs="+", default=["grpo", "pilot_commit", "adaptive"])
+    ap.add_argument("--policies", nargs="+", default=["grpo", "pilot_commit", "adaptive"], choices=list(POLICIES))
     args = ap.parse_args()
     rows = [json.loads(line) for line in args.pool.read_text().splitlines() if line.strip()]
     rates = [r["initial_pass_rate"] for r in rows]

@@ -29,15 +29,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pc_megatron.commands import add_recipe_arguments, recipe_and_overrides
+from pc_megatron.scheduler import POLICIES as SCHEDULER_POLICIES
+from pc_megatron.scheduler import SchedulerConfig
 from pc_megatron.scheduler.belief import _FLAT, GRID
-from pc_megatron.scheduler.core import SchedulerConfig
 from pc_megatron.scheduler.simulate import simulate
 from pc_megatron.stats import percentile_interval
 
 if TYPE_CHECKING:
     from pc_megatron.config import RunConfig
 
-POLICIES = ("grpo", "dapo", "pilot_commit", "adaptive")
+POLICIES = tuple(SCHEDULER_POLICIES)
 NS = (8, 16, 32, 64)
 COSTS = ("per_informative_group", "per_update")  # what the simulation reports of each policy
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import random
 
-from pc_megatron.scheduler.core import Sample, Scheduler, SchedulerConfig
+from pc_megatron.scheduler.config import SchedulerConfig
+from pc_megatron.scheduler.core import Scheduler
+from pc_megatron.scheduler.types import Sample
 
 
 class FixedPassRates:
@@ -33,12 +35,12 @@ def simulate(rates: list[float], cfg: SchedulerConfig, steps: int, B: int, n: in
         batch = sched.next_batch(step, gen, policy_version=step)
         groups += len(batch.groups)
         mixed += sum(0 < sum(s.correct for s in g.samples) < len(g.samples) for g in batch.groups)
-    c = sched.counts
+    c = sched.pool.counts
     return {
         "per_informative_group": c["generated"] / max(mixed, 1),
         "per_update": c["generated"] / max(steps, 1),
         "degenerate_trained": 1 - mixed / max(groups, 1),
-        "epochs": sched.epoch,
+        "epochs": sched.pool.epoch,
         "generated": c["generated"],
         "skipped_confident": c["skipped_confident"],
         "direct_groups": c["direct_groups"],

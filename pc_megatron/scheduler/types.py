@@ -1,5 +1,7 @@
 """What the scheduler exchanges with the rollout side (requests, samples) and the learner (groups,
-batches), and its buffered pilots. Plain data: no engine, model or policy code."""
+allocations), and its buffered pilots. Plain data: no engine, model or policy code.
+
+Checkpoints written by ``torch.save`` pickle :class:`Sample` by this module's path: it stays here."""
 
 from __future__ import annotations
 
@@ -46,9 +48,16 @@ class Entry:
     def p_hat(self) -> float:
         return sum(s.correct for s in self.samples) / len(self.samples)
 
+    def as_tuple(self) -> tuple[int, list[Sample], int, int]:
+        """Its form in a checkpoint (``Entry(*t)`` reads it back)."""
+        return (self.prompt, self.samples, self.gen_step, self.seq)
+
 
 @dataclass
-class Batch:
+class Allocation:
+    """One step's allocation: the groups to train (possibly fewer than B), the generate rounds it
+    took, and the step's statistics (filled by the scheduler)."""
+
     groups: list[Group]
     rounds: int
     stats: dict[str, float] = field(default_factory=dict)
