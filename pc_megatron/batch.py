@@ -1,6 +1,7 @@
-"""The learner's wire type and the helpers around it: completions (or prompt + answer rows) into
-right-padded token batches, and what came back measured. Torch only: the learner, the engines'
-callers and the update all meet here, below each of them."""
+"""The wire types between the engines and the learner, and the helpers around them: an engine's
+``Completion``, the learner's right-padded ``TokenBatch``, completions (or prompt + answer rows) into
+token batches, and what came back measured. Torch only: the learner, the engines, their callers and
+the update all meet here, below each of them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,19 @@ from dataclasses import dataclass
 import torch
 
 from pc_megatron.data.dataset import PromptRow
-from pc_megatron.rollout.base import Completion
+
+
+@dataclass
+class Completion:
+    """One generated sequence. ``logprobs[i]`` is the engine's log-prob of ``token_ids[i]``
+    under ``softmax(logits / temperature)`` (the full distribution, before top-p)."""
+
+    prompt_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    weight_version: int = 0
+    """The weight version the engine actually served when it sampled this sequence."""
 
 
 @dataclass

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pc_megatron.data.task import Task, cache_root, prepare_prompts, prepare_task
-from pc_megatron.model.resolve import base_model_dir
+from pc_megatron.data.task import Task, cache_root, config_hash, prepare_prompts, prepare_task
+from pc_megatron.embedded.tiny_model import create_tiny_model
+from pc_megatron.model.arch import load_arch
+from pc_megatron.model.config import ModelConfig
 from pc_megatron.model.tokenizer import load_tokenizer
 from pc_megatron.warmstart import ensure_warm_start, warm_start_dir, warm_start_key
 
@@ -34,6 +36,22 @@ class Prepared:
     task: Task
     policy_dir: Path
     tokenizer: Any
+
+
+def base_model_dir(model: ModelConfig, cache: Path, progress: bool = True) -> Path:
+    """model.path, model.fixture (converted on first use into ``cache``), or the embedded tiny model
+    (created and cached on first use)."""
+    if model.path:
+        load_arch(model.path)  # fails early, naming the file, if this is not a usable HF folder
+        return Path(model.path)
+    if model.fixture:
+        from pc_megatron.model.fixtures import fixture_dir
+
+        return fixture_dir(model.fixture, cache, progress)
+    base = cache / "init" / config_hash(model.tiny)
+    if not (base / "model.safetensors").is_file():
+        create_tiny_model(model.tiny, base)
+    return base
 
 
 def cache_dir(cfg: RunConfig) -> Path:

@@ -76,7 +76,8 @@ def test_fp8_on_a_ragged_packed_batch(tmp_path):
     """FP8 GEMMs need each micro-batch's tokens in multiples of 16: the planner pads the packed stream
     to that alignment; the step runs and agrees with bf16 to FP8 precision."""
     pytest.importorskip("transformer_engine")
-    from pc_megatron.embedded.tiny_model import TinyModelConfig, create_tiny_model
+    from pc_megatron.embedded.tiny_model import create_tiny_model
+    from pc_megatron.model.config import TinyModelConfig
 
     folder = create_tiny_model(
         TinyModelConfig(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512),
@@ -152,7 +153,8 @@ def test_fp8_forward_backward_close_to_bf16(tmp_path, recipe):
     logits and gradients agree to FP8 precision."""
     pytest.importorskip("transformer_engine")
     from pc_megatron.algo import LossConfig
-    from pc_megatron.embedded.tiny_model import TinyModelConfig, create_tiny_model
+    from pc_megatron.embedded.tiny_model import create_tiny_model
+    from pc_megatron.model.config import TinyModelConfig
 
     folder = create_tiny_model(
         TinyModelConfig(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512),
@@ -187,7 +189,8 @@ def test_colocated_vllm_sleeps_wakes_and_takes_the_learners_weights_over_cuda_ip
     wakes it with the new weights; engine log-probs match the learner's to bf16 precision."""
     pytest.importorskip("vllm")
     from pc_megatron.algo import LossConfig
-    from pc_megatron.embedded.tiny_model import TinyModelConfig, create_tiny_model
+    from pc_megatron.embedded.tiny_model import create_tiny_model
+    from pc_megatron.model.config import TinyModelConfig
     from pc_megatron.rollout.vllm_engine import VllmEngine
 
     folder = create_tiny_model(

@@ -53,8 +53,9 @@ def test_negative_control_swapped_k_and_v_breaks_parity(tiny_model_dir, monkeypa
 
 
 def test_weights_from_a_different_model_are_rejected(tmp_path, learner):
-    from pc_megatron.embedded.tiny_model import TinyModelConfig, create_tiny_model
+    from pc_megatron.embedded.tiny_model import create_tiny_model
     from pc_megatron.errors import ModelFileError
+    from pc_megatron.model.config import TinyModelConfig
 
     other = create_tiny_model(
         TinyModelConfig(num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=384),
@@ -109,8 +110,9 @@ def test_nan_loss_stops_with_a_clear_error_and_applies_nothing(tiny_model_dir):
 
 
 def test_checkpoint_from_a_different_model_is_rejected(tiny_model_dir, tmp_path):
-    from pc_megatron.embedded.tiny_model import TinyModelConfig, create_tiny_model
+    from pc_megatron.embedded.tiny_model import create_tiny_model
     from pc_megatron.errors import ModelFileError
+    from pc_megatron.model.config import TinyModelConfig
 
     other_dir = create_tiny_model(
         TinyModelConfig(num_layers=3, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256),

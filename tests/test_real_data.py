@@ -30,7 +30,8 @@ def chat_model(tmp_path_factory):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-    from pc_megatron.embedded.tiny_model import TinyModelConfig, hf_config
+    from pc_megatron.embedded.tiny_model import hf_config
+    from pc_megatron.model.config import TinyModelConfig
 
     specials = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     vocab = {t: i for i, t in enumerate(specials + sorted(set(string.printable) - set("\r\x0b\x0c")))}

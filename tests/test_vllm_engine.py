@@ -34,7 +34,8 @@ PROMPTS = [torch.randint(2, 23, (int(n),), generator=GEN).tolist() for n in torc
 def untied_model_dir(tmp_path_factory):
     from transformers import Qwen2ForCausalLM
 
-    from pc_megatron.embedded.tiny_model import TinyModelConfig, build_tokenizer, hf_config
+    from pc_megatron.embedded.tiny_model import build_tokenizer, hf_config
+    from pc_megatron.model.config import TinyModelConfig
 
     cfg = TinyModelConfig(num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256)
     tok = build_tokenizer()

@@ -8,8 +8,8 @@
 Each line is ``name sha256``. ``scheduler`` hashes every batch (prompts, samples, pilot sizes,
 rounds) and its stats, for each setting, on an oracle with fixed per-prompt pass rates, and (the
 ``.../state_dict`` line) the scheduler's checkpoint dict after the last step. ``train``
-and ``default`` hash each metrics row without wall-clock figures (``time_*``, ``*_per_s``,
-``wall_s``), so two runs of the same code on the same machine give the same line. ``convert`` hashes
+and ``default`` hash each metrics row without wall-clock figures (``time_*``, every ``*_s`` and
+``*_gbps``: seconds and rates), so two runs of the same code on the same machine give the same line. ``convert`` hashes
 every tensor of the round-tripped folder.
 """
 
@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-_CLOCK = ("time_", "wall")
+_CLOCK_PREFIX = ("time_", "wall")
+_CLOCK_SUFFIX = ("_s", "_gbps")  # seconds (the project's unit suffix) and rates per second
 
 
 def _digest(obj) -> str:
@@ -84,7 +85,9 @@ def scheduler_hashes(steps: int = 40) -> dict[str, str]:
 
 def _metrics_hash(run_dir: Path) -> str:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    kept = [{k: v for k, v in r.items() if not k.startswith(_CLOCK) and not k.endswith("_per_s")} for r in rows]
+    kept = [
+        {k: v for k, v in r.items() if not k.startswith(_CLOCK_PREFIX) and not k.endswith(_CLOCK_SUFFIX)} for r in rows
+    ]
     return _digest(kept)
 
 

@@ -6,33 +6,12 @@ any downloaded model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+
+from pc_megatron.model.config import TinyModelConfig
 
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 CHARS = "0123456789+-*/=()?., "
-
-
-@dataclass
-class TinyModelConfig:
-    """Shape of the embedded Qwen2 policy (used when model.path is empty)."""
-
-    hidden_size: int = 256
-    """Model width; head_dim is fixed at 64 (the vLLM CPU backend requires it)."""
-    num_layers: int = 4
-    """Transformer layers."""
-    num_heads: int = 4
-    """Query heads (hidden_size / 64)."""
-    num_kv_heads: int = 2
-    """Key/value heads (GQA when < num_heads)."""
-    intermediate_size: int = 768
-    """SwiGLU hidden size."""
-    vocab_size: int = 64
-    """Embedding rows (>= tokenizer size, padded for alignment)."""
-    max_position_embeddings: int = 64
-    """Longest prompt + completion in tokens."""
-    init_seed: int = 0
-    """Seed of the random initialisation."""
 
 
 def build_tokenizer():

@@ -8,6 +8,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from pc_megatron.batch import Completion
 from pc_megatron.errors import ConfigError, check_choices
 
 
@@ -19,19 +20,6 @@ class SamplingParams:
     max_new_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     """Extra stop tokens besides the tokenizer's EOS."""
-
-
-@dataclass
-class Completion:
-    """One generated sequence. ``logprobs[i]`` is the engine's log-prob of ``token_ids[i]``
-    under ``softmax(logits / temperature)`` (the full distribution, before top-p)."""
-
-    prompt_index: int
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
-    weight_version: int = 0
-    """The weight version the engine actually served when it sampled this sequence."""
 
 
 def sample_seed(seed: int, prompt: int, sample: int) -> int:
