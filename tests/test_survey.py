@@ -51,7 +51,7 @@ def test_a_pool_of_mostly_hopeless_prompts_favours_filtering():
 
 def test_the_verdict_names_what_an_allocator_pays_per_update():
     """An allocator buys informative groups with rollouts no update trains on. On smollm2-arith's pool
-    (docs/regime_map.md) that lost: the survey favoured adaptive by rollouts per informative group, but
+    (docs/results/regime_map.md) that lost: the survey favoured adaptive by rollouts per informative group, but
     updates limited learning there. So the forecast gives each policy's rollouts per update, GRPO's
     being exactly B x n, and a favoured allocator's verdict says what it costs per update: within
     GRPO's for adaptive under its budget, and with the caveat where it spends more (no budget)."""

@@ -3,7 +3,7 @@ Pilot-Commit with mini-batches of 2 prompts (as many optimizer steps per update 
 mini-batches sized in rollouts from the commit size (the public recipe's sizing: more steps), beside
 one GRPO run per seed (shared by both folders).
 
-    python tools/confound_report.py runs/map [--out docs/confound]
+    python tools/confound_report.py runs/map [--out docs/results/confound]
 
 The figure is the recipe's sizing against equal steps, paired by seed at equal rollouts: AUC gain,
 accuracy gain at B, and the rollouts ratio to the equal-steps run's final accuracy (compare.paired,

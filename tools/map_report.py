@@ -2,7 +2,7 @@
 (level), GRPO's degenerate-group share against each method's rollouts to GRPO's best and its
 accuracy gain at equal rollouts, with 95% intervals over seeds.
 
-    python tools/map_report.py runs/map [--out docs/regime_map] [--levels easy hard ...]
+    python tools/map_report.py runs/map [--out docs/results/regime_map] [--levels easy hard ...]
 
 For every method beside GRPO, per level:
 - ``ratio``: GRPO's mean rollouts to the target over the method's (> 1: the method needs fewer),

@@ -168,7 +168,7 @@ def analyse(counts: list[tuple[int, int]], sched: SchedulerConfig, B: int, n: in
         if u > 1.0:
             # An allocator buys informative groups with rollouts that no update trains on. That pays where
             # the number of informative groups limits learning and loses where the number of updates does
-            # (smollm2-arith's pool: docs/regime_map.md); the starting policy alone cannot tell which.
+            # (smollm2-arith's pool: docs/results/regime_map.md); the starting policy alone cannot tell which.
             verdict += ": fewer rollouts to an accuracy only where informative groups, not updates, limit learning"
     else:
         verdict = "no policy is clearly better than grpo here (every ratio's interval reaches 1)"

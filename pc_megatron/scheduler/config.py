@@ -73,7 +73,7 @@ class SchedulerConfig:
     """adaptive: generate at most this x B x n rollouts per update (1 = GRPO's), training the groups
     that fit (possibly fewer than B, nearly all mixed); mixed pilots left over wait in the buffer.
     0 = no cap: pilot until B groups are full, which spent 1.2-1.5x GRPO's rollouts per update and
-    lost to GRPO where updates, not informative groups, limit learning (docs/regime_map.md).
+    lost to GRPO where updates, not informative groups, limit learning (docs/results/regime_map.md).
     Replica-filling pilots (request_multiple) may exceed it by less than one replica's share."""
     request_multiple: int = 1
     """Round each generate call's prompt count up to a multiple of this (the rollout engine's
