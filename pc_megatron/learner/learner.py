@@ -39,6 +39,8 @@ from pc_megatron.weight_sync.mapping import megatron_to_hf
 from pc_megatron.weight_sync.sharding import (
     HFTensors,
     check_divisible,
+    layer_index,
+    layer_name,
     megatron_param_names,
     megatron_shard_from_hf,
     pipeline_stage,
@@ -532,9 +534,6 @@ def _global_names(module: torch.nn.Module) -> dict[str, str]:
     model's layer ``i`` is ``layer_number - 1``)."""
     out = {}
     for local, _ in module.named_parameters():
-        name = local
-        if local.startswith("decoder.layers."):
-            i, rest = local[len("decoder.layers.") :].split(".", 1)
-            name = f"decoder.layers.{module.decoder.layers[int(i)].layer_number - 1}.{rest}"
-        out[local] = name
+        layer = layer_index(local)
+        out[local] = local if layer is None else layer_name(module.decoder.layers[layer[0]].layer_number - 1, layer[1])
     return out

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from pc_megatron.model.arch import ArchSpec
+from pc_megatron.weight_sync.sharding import layer_index
 
 _LAYER_SIMPLE = {
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
@@ -63,6 +64,7 @@ def megatron_to_hf(params: Mapping[str, torch.Tensor], arch: ArchSpec) -> Iterat
     for name, t in params.items():
         if name.endswith("_extra_state"):
             continue
+        layer = layer_index(name)
         if name == "embedding.word_embeddings.weight":
             yield "model.embed_tokens.weight", t
         elif name == "decoder.final_layernorm.weight":
@@ -70,8 +72,8 @@ def megatron_to_hf(params: Mapping[str, torch.Tensor], arch: ArchSpec) -> Iterat
         elif name == "output_layer.weight":
             if not arch.tie_word_embeddings:
                 yield "lm_head.weight", t
-        elif name.startswith("decoder.layers."):
-            idx, rest = name[len("decoder.layers.") :].split(".", 1)
+        elif layer is not None:
+            idx, rest = layer
             prefix = f"model.layers.{idx}."
             if rest in _LAYER_SIMPLE:
                 yield prefix + _LAYER_SIMPLE[rest], t
