@@ -76,7 +76,7 @@ class Learner:
         megatron_cpu.seed_model_parallel(seed)
         check_divisible(self.arch, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
         module = build_gpt_model(
-            self.arch, cfg.transformer_impl, cfg.bf16, cfg.fp8, cfg.fp8_recipe, cfg.sequence_parallel
+            self.arch, self.parallel, cfg.transformer_impl, cfg.bf16, cfg.fp8, cfg.fp8_recipe, cfg.sequence_parallel
         )
         module.config.finalize_model_grads_func = finalize_model_grads
         self.device = next(module.parameters()).device
@@ -136,7 +136,7 @@ class Learner:
         """Each parameter of this rank's stage, its tensor-parallel shard only, read from the HF
         safetensors (slices only)."""
         hf = HFTensors(model_dir)
-        rank, size = self._tp_rank_size()
+        rank, size = self.parallel.tensor_parallel_rank, self.parallel.tensor_parallel_size
         with torch.no_grad():
             for local, param in module.named_parameters():
                 name = self._global[local]
@@ -156,7 +156,7 @@ class Learner:
         """This stage's parameters are exactly the table's (``megatron_param_names`` for this
         layer spec): weight export at PP>1 walks the table on every rank, so a name the table
         lacks would otherwise hang the other stages."""
-        pp, me = self.parallel.pipeline_parallel_size, self._pp_rank()
+        pp, me = self.parallel.pipeline_parallel_size, self.parallel.pipeline_parallel_rank
         table = megatron_param_names(self.arch, self.transformer_impl)
         expected = {n for n in table if pipeline_stage(n, self.arch, pp) == me}
         if self.arch.tie_word_embeddings and pp > 1 and me == pp - 1:
@@ -170,42 +170,26 @@ class Learner:
                 "the table and this Megatron-Core version disagree"
             )
 
-    @staticmethod
-    def _pp_rank() -> int:
-        from megatron.core import parallel_state as ps
-
-        return ps.get_pipeline_model_parallel_rank()
-
-    def _tp_rank_size(self) -> tuple[int, int]:
-        from megatron.core import parallel_state as ps
-
-        return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
-
     def _gather_tp(self, name: str, local: torch.Tensor) -> torch.Tensor:
-        from megatron.core import parallel_state as ps
-
-        _, size = self._tp_rank_size()
+        size = self.parallel.tensor_parallel_size
         if size == 1 or split_kind(name) == "replicated":
             return local
         shards = [torch.empty_like(local) for _ in range(size)]
-        dist.all_gather(shards, local.contiguous(), group=ps.get_tensor_model_parallel_group())
+        dist.all_gather(shards, local.contiguous(), group=self.parallel.tensor_group)
         return unshard(name, shards)
 
     def full_named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Global Megatron names with full (TP=1) tensors, on every rank, one at a time: shards
         are gathered over the tensor-parallel group and, at PP>1, broadcast from the stage that
         holds them, so at most one full tensor is held at once."""
-        from megatron.core import parallel_state as ps
-
         params = {self._global[n]: p.detach() for n, p in self.module.named_parameters()}
         pp = self.parallel.pipeline_parallel_size
         if pp == 1:
             for name, p in params.items():
                 yield name, self._gather_tp(name, p)
             return
-        group = ps.get_pipeline_model_parallel_group()
-        stage_ranks = dist.get_process_group_ranks(group)
-        me = ps.get_pipeline_model_parallel_rank()
+        group, stage_ranks = self.parallel.pipeline_group, self.parallel.pipeline_ranks
+        me = self.parallel.pipeline_parallel_rank
         for name in megatron_param_names(self.arch, self.transformer_impl):
             owner = pipeline_stage(name, self.arch, pp)
             # (ndim, size0, size1, dtype): 1-D or 2-D; the dtype is the owner's (under bf16 the local
@@ -298,7 +282,7 @@ class Learner:
             budget = self.cfg.logprob_max_tokens_per_micro_batch or budget
         plan, lengths = self._plan(batch, budget)
         self._count_pass(kind, plan.stats(lengths))
-        mine = plan.ranks[self._dp_rank()]
+        mine = plan.ranks[self.parallel.data_parallel_rank]
         parts: list[torch.Tensor] = []  # per micro-batch sums, kept on the device (no sync per micro-batch)
         causal_mask = self.transformer_impl == "local"  # TE's causal attention takes no mask
 
@@ -328,13 +312,8 @@ class Learner:
             sums = torch.stack(parts).sum(0)
         else:  # not the last stage, or no rows on this data-parallel rank
             sums = torch.zeros(len(keys) + 2, dtype=torch.float64, device=self.device)
-        sums = self._collect(sums)
+        sums = self.parallel.collect(sums, self.device)
         return dict(zip(("loss", "units", *keys), sums.tolist(), strict=True))
-
-    def _dp_rank(self) -> int:
-        from megatron.core import parallel_state as ps
-
-        return ps.get_data_parallel_rank()
 
     def _count_pass(self, kind: str, stats: dict[str, float]) -> None:
         mine = self._pass_stats.setdefault(kind, dict.fromkeys(stats, 0.0) | {"passes": 0.0})
@@ -375,23 +354,7 @@ class Learner:
             return torch.zeros((), device=self.device), 0, {}
 
         self._run(batch, loss_fn, (), kind="logprob")
-        return self._collect(out)
-
-    def _collect(self, out: torch.Tensor) -> torch.Tensor:
-        """A result computed on the last stage of each data-parallel rank (its rows, zeros
-        elsewhere), completed on every rank; returned on the CPU."""
-        from megatron.core import parallel_state as ps
-
-        if self.parallel.world_size == 1:
-            return out.cpu()
-        out = out.to(self.device)  # NCCL moves device tensors only
-        if self.parallel.pipeline_parallel_size > 1:
-            dist.broadcast(
-                out, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
-            )
-        if ps.get_data_parallel_world_size() > 1:
-            dist.all_reduce(out, group=ps.get_data_parallel_group())
-        return out.cpu()
+        return self.parallel.collect(out, self.device)
 
     # ----------------------------------------------------------------- updates
     def _step(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...] = ()) -> dict[str, float]:
@@ -512,7 +475,7 @@ class Learner:
 
         out: dict = self._step(batch, loss_fn, keys)
         if own is not None:
-            out["old_logp"] = self._collect(own)
+            out["old_logp"] = self.parallel.collect(own, self.device)
         return out
 
     # ----------------------------------------------------------------- checkpoint

@@ -6,6 +6,7 @@ import importlib.util
 
 import torch
 
+from pc_megatron.learner.parallel import ParallelState
 from pc_megatron.model.arch import ArchSpec
 
 
@@ -16,15 +17,21 @@ def resolve_transformer_impl(requested: str) -> str:
     return "transformer_engine" if torch.cuda.is_available() and te else "local"
 
 
-def transformer_config(arch: ArchSpec, bf16: bool, fp8: str = "", fp8_recipe: str = "delayed", sp: bool = False):
-    from megatron.core import parallel_state as ps
+def transformer_config(
+    arch: ArchSpec,
+    parallel: ParallelState,
+    bf16: bool,
+    fp8: str = "",
+    fp8_recipe: str = "delayed",
+    sp: bool = False,
+):
     from megatron.core.transformer import TransformerConfig
 
     on_gpu = torch.cuda.is_available()
-    pp = ps.get_pipeline_model_parallel_world_size()
+    pp = parallel.pipeline_parallel_size
     dtype = torch.bfloat16 if bf16 else torch.float32
     return TransformerConfig(
-        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        tensor_model_parallel_size=parallel.tensor_parallel_size,
         pipeline_model_parallel_size=pp,
         pipeline_dtype=dtype,
         # micro-batches differ in rows (the last one) and length (batches are padded per step):
@@ -65,12 +72,17 @@ def transformer_config(arch: ArchSpec, bf16: bool, fp8: str = "", fp8_recipe: st
 
 
 def build_gpt_model(
-    arch: ArchSpec, transformer_impl: str, bf16: bool, fp8: str = "", fp8_recipe: str = "delayed", sp: bool = False
+    arch: ArchSpec,
+    parallel: ParallelState,
+    transformer_impl: str,
+    bf16: bool,
+    fp8: str = "",
+    fp8_recipe: str = "delayed",
+    sp: bool = False,
 ):
     """Megatron-Core GPTModel for ``arch``: this rank's pipeline stage (its layers, plus the
     embedding on the first stage and the output layer on the last). FP8 and sequence
     parallelism need the TE spec on a GPU; asking for them elsewhere is a ConfigError."""
-    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
@@ -89,7 +101,7 @@ def build_gpt_model(
         # the local attention plus packed (THD) micro-batches; unpacked input takes the parent's path
         layer_spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
     model = GPTModel(
-        config=transformer_config(arch, bf16, fp8, fp8_recipe, sp),
+        config=transformer_config(arch, parallel, bf16, fp8, fp8_recipe, sp),
         transformer_layer_spec=layer_spec,
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
@@ -99,8 +111,8 @@ def build_gpt_model(
         rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         parallel_output=False,  # full-vocabulary logits on every TP rank (gathered by the output layer)
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
+        pre_process=parallel.first_stage,
+        post_process=parallel.last_stage,
     )
     if torch.cuda.is_available():
         model = model.cuda()
