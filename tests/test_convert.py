@@ -14,7 +14,7 @@ from pc_megatron.cli import main
 from pc_megatron.convert import hf_to_megatron, megatron_param_names, megatron_to_hf_folder
 from pc_megatron.errors import ModelFileError, UserError
 from pc_megatron.learner import Learner, LearnerConfig
-from pc_megatron.learner.learner import load_hf_weights
+from pc_megatron.learner.export import load_hf_weights
 from pc_megatron.model.arch import load_arch
 
 
