@@ -23,7 +23,7 @@ import torch
 
 from pc_megatron.algo.advantages import group_advantages
 from pc_megatron.algo.config import LossConfig
-from pc_megatron.algo.loss import aggregation_weights
+from pc_megatron.algo.objective import aggregation_weights
 from pc_megatron.batch import completions_to_batch, group_stats, logprob_mismatch
 from pc_megatron.phases import PhaseTimes
 from pc_megatron.scheduler import Group

@@ -22,7 +22,7 @@ import torch
 
 from kernels.grpo_loss import logprob_entropy
 from pc_megatron.algo.config import LossConfig
-from pc_megatron.algo.loss import aggregation_weights, policy_loss
+from pc_megatron.algo.objective import check_inputs, rl_objective, stat_keys
 from pc_megatron.batch import TokenBatch
 from pc_megatron.errors import TrainingError
 from pc_megatron.learner.checkpoint_io import load_state, save_state
@@ -330,59 +330,32 @@ class Learner:
         behaviour_logp: torch.Tensor | None = None,
         units_scale: float = 1.0,
     ) -> dict:
-        """One optimizer step of the clipped surrogate over ``batch``, aggregated by
-        ``loss_cfg.agg`` over all of it (``algo.loss``: token-mean, or a mean over sequences).
+        """One optimizer step of ``algo.objective.rl_objective`` over ``batch`` (aggregated by
+        ``loss_cfg.agg`` over all of it); statistics are token means over the batch.
 
-        ``advantages: (N,)`` broadcast over each sequence's tokens. ``old_logp: (N, S-1)``, or
-        None: with one optimizer step per batch the old policy is the current one, so the
-        update's own forward gives them (detached; the ratio is 1 and its gradient is that of
-        log pi) and they come back as ``out["old_logp"]`` (saves the separate forward pass).
-        With ``loss_cfg.tis_cap > 0``, ``behaviour_logp: (N, S-1)`` (the engine's sampling
-        log-probs) gives each token's truncated importance weight ``min(pi_old / pi_behaviour,
-        cap)``, a constant that scales its advantage (``tis_weight_mean``, ``tis_truncated_frac``).
-        Statistics (clip fraction, entropy, KL) are token means over the whole batch.
-        ``units_scale``: this batch's aggregation units over those of the mini-batch it was taken
-        from (rows whose loss is zero left out by the caller): the loss is then divided by the
-        mini-batch's units, and the step is the one the whole mini-batch would have given.
-        """
-        tis = loss_cfg.tis_cap > 0
-        if tis and behaviour_logp is None:
-            raise ValueError("algo.loss.tis_cap > 0 needs the behaviour (engine) log-probs")
-        keys = ("clipfrac", "entropy", "kl", *(("tis_weight_mean", "tis_truncated_frac") if tis else ()))
+        ``advantages: (N,)``; ``old_logp``, ``ref_logp``, ``behaviour_logp``: ``(N, S-1)`` or None.
+        ``old_logp=None``: with one optimizer step per batch the old policy is the current one, so
+        the update's own forward gives them (detached: the ratio is 1, its gradient that of log pi)
+        and they come back as ``out["old_logp"]`` (saves a forward pass). ``units_scale``: see
+        ``rl_objective`` (rows of zero loss left out by the caller)."""
+        check_inputs(loss_cfg, behaviour_logp is not None)
         own = torch.zeros(batch.loss_mask.shape) if old_logp is None else None
-        row_weight, row_units = aggregation_weights(batch.loss_mask.sum(1), loss_cfg.agg, loss_cfg.norm_tokens)
-        row_weight = row_weight * units_scale
-        dev = self.device
 
         def loss_fn(mb, logits):
             rows, k = mb.rows, mb.columns
-            mask = batch.loss_mask[rows, :k].to(dev)
+
+            def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+                return None if t is None else t[rows, :k].to(self.device)
+
             logp, entropy = self._token_logp(logits, mb, temperature)
             if own is not None:
                 own[rows, :k] = logp.detach().float().cpu()
-                old = logp.detach()
-            else:
-                old = old_logp[rows, :k].to(dev)
-            ref = ref_logp[rows, :k].to(dev) if ref_logp is not None else None
-            adv = advantages[rows, None].to(dev)
-            extra = {"tokens": mask.sum()}
-            if tis:
-                raw = torch.exp(old - behaviour_logp[rows, :k].to(dev))
-                adv = adv * raw.clamp(max=loss_cfg.tis_cap)
-                extra |= {
-                    "tis_weight_mean": (raw.clamp(max=loss_cfg.tis_cap) * mask).sum(),
-                    "tis_truncated_frac": ((raw > loss_cfg.tis_cap) * mask).sum(),
-                }
-            loss, stats = policy_loss(logp, old, adv, loss_cfg, ref, entropy)
-            extra |= {
-                "clipfrac": (stats["clipped"] * mask).sum(),
-                "entropy": (entropy.detach() * mask).sum(),
-                "kl": (stats["kl"] * mask).sum() if "kl" in stats else 0.0,
-            }
-            weighted = (loss * mask).sum(1) * row_weight[rows].to(dev)
-            return weighted.sum(), row_units[rows].sum(), extra
+            old = logp.detach() if own is not None else cut(old_logp)
+            given = {"behaviour_logp": cut(behaviour_logp), "ref_logp": cut(ref_logp), "units_scale": units_scale}
+            adv = advantages[rows].to(self.device)
+            return rl_objective(logp, entropy, old, adv, cut(batch.loss_mask), loss_cfg, **given)
 
-        out: dict = self._step(batch, loss_fn, keys)
+        out: dict = self._step(batch, loss_fn, stat_keys(loss_cfg))
         if own is not None:
             out["old_logp"] = self.parallel.collect(own, self.device)
         return out
