@@ -17,7 +17,7 @@ import torch
 
 from pc_megatron.errors import ModelFileError
 from pc_megatron.model.arch import ArchSpec
-from pc_megatron.weight_sync.sharding import LAYER_PREFIX, layer_index
+from pc_megatron.weight_sync.mapping import LAYER_PREFIX, layer_index
 
 
 def last_line(e: BaseException) -> str:

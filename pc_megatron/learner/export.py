@@ -19,11 +19,9 @@ import torch.distributed as dist
 from pc_megatron.errors import ModelFileError
 from pc_megatron.learner.parallel import ParallelState
 from pc_megatron.model.arch import ArchSpec
-from pc_megatron.weight_sync.mapping import megatron_to_hf
+from pc_megatron.weight_sync.mapping import layer_index, layer_name, megatron_to_hf
 from pc_megatron.weight_sync.sharding import (
     HFTensors,
-    layer_index,
-    layer_name,
     megatron_param_names,
     megatron_shard_from_hf,
     pipeline_stage,

@@ -21,7 +21,24 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from pc_megatron.model.arch import ArchSpec
-from pc_megatron.weight_sync.sharding import layer_index
+
+LAYER_PREFIX = "decoder.layers."
+"""Megatron names a transformer layer's parameters ``decoder.layers.{i}.{rest}``."""
+
+
+def layer_index(name: str) -> tuple[int, str] | None:
+    """``(i, rest)`` of Megatron parameter ``decoder.layers.{i}.{rest}``; None for a parameter outside
+    the transformer layers (embedding, final norm, output layer). The one parser of layer names."""
+    if not name.startswith(LAYER_PREFIX):
+        return None
+    i, rest = name[len(LAYER_PREFIX) :].split(".", 1)
+    return int(i), rest
+
+
+def layer_name(i: int, rest: str) -> str:
+    """The Megatron name of parameter ``rest`` of layer ``i`` (the inverse of ``layer_index``)."""
+    return f"{LAYER_PREFIX}{i}.{rest}"
+
 
 _LAYER_SIMPLE = {
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",

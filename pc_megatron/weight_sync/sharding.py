@@ -25,23 +25,8 @@ import torch
 
 from pc_megatron.errors import ModelFileError
 from pc_megatron.model.arch import ArchSpec
-
-LAYER_PREFIX = "decoder.layers."
-"""Megatron names a transformer layer's parameters ``decoder.layers.{i}.{rest}``."""
-
-
-def layer_index(name: str) -> tuple[int, str] | None:
-    """``(i, rest)`` of Megatron parameter ``decoder.layers.{i}.{rest}``; None for a parameter outside
-    the transformer layers (embedding, final norm, output layer)."""
-    if not name.startswith(LAYER_PREFIX):
-        return None
-    i, rest = name[len(LAYER_PREFIX) :].split(".", 1)
-    return int(i), rest
-
-
-def layer_name(i: int, rest: str) -> str:
-    """The Megatron name of parameter ``rest`` of layer ``i`` (the inverse of ``layer_index``)."""
-    return f"{LAYER_PREFIX}{i}.{rest}"
+from pc_megatron.weight_sync import mapping
+from pc_megatron.weight_sync.mapping import layer_index, layer_name
 
 
 def megatron_param_names(arch: ArchSpec, transformer_impl: str = "local") -> list[str]:
@@ -205,8 +190,6 @@ class HFTensors:
 
 def megatron_shard_from_hf(name: str, hf: HFTensors, arch: ArchSpec, rank: int, size: int) -> torch.Tensor:
     """Rank ``rank``'s shard of Megatron parameter ``name``, read from ``hf`` (slices only)."""
-    from pc_megatron.weight_sync import mapping  # not at the top: mapping imports this module
-
     part = (rank, size)
     if name == "embedding.word_embeddings.weight":
         return hf.read("model.embed_tokens.weight", 0, part)
