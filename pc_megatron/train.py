@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -183,14 +183,9 @@ def _step(cfg, step: int, scheduler: Scheduler, rollouts: Rollouts, runtime, los
             plan.groups,
             rollouts.prompt_ids,
             rollouts.tokenizer,
-            loss_cfg,
+            replace(OmegaConf.to_object(cfg.algo), loss=loss_cfg),
             rollouts.params.temperature,
             times,
-            separate_old_logprobs=cfg.algo.old_logprobs == "separate",
-            mini_batch_size=cfg.algo.mini_batch_size,
-            epochs=cfg.algo.epochs,
-            mini_batch_rollouts=cfg.algo.mini_batch_rollouts,
-            skip_zero_advantage=cfg.algo.skip_zero_advantage,
             min_rows=cfg.learner.data_parallel_size,
         )
         with times("sync"):
