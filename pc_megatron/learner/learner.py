@@ -29,7 +29,7 @@ from pc_megatron.learner.checkpoint_io import load_state, save_state
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.export import LearnerWeights
 from pc_megatron.learner.layout import MicroBatchInput
-from pc_megatron.learner.microbatch import Plan, alignment, plan_micro_batches
+from pc_megatron.learner.microbatch import MicroBatchPlan, alignment, plan_micro_batches
 from pc_megatron.learner.model import build_gpt_model, resolve_transformer_impl
 from pc_megatron.learner.offload import PinnedOffload
 from pc_megatron.learner.parallel import init_parallel
@@ -88,7 +88,7 @@ class Learner:
             ),
             [self.model],
         )
-        self.scheduler = OptimizerParamScheduler(
+        self.lr_schedule = OptimizerParamScheduler(
             self.optimizer,
             init_lr=0.0 if cfg.lr_warmup_steps else cfg.lr,
             max_lr=cfg.lr,
@@ -145,7 +145,7 @@ class Learner:
             self._offloaded = False
 
     # ----------------------------------------------------------------- forward
-    def _plan(self, batch: TokenBatch, max_tokens: int) -> tuple[Plan, list[int]]:
+    def _plan(self, batch: TokenBatch, max_tokens: int) -> tuple[MicroBatchPlan, list[int]]:
         """Every data-parallel rank's micro-batches for ``batch`` (the same plan on every rank)."""
         lengths = batch.lengths()
         plan = plan_micro_batches(
@@ -297,7 +297,7 @@ class Learner:
         t_opt = time.perf_counter() - t_opt
         if grad_norm is not None and not math.isfinite(grad_norm):
             raise TrainingError(f"non-finite gradient norm at policy version {self.version}; lower the learning rate")
-        self.scheduler.step(1)
+        self.lr_schedule.step(1)
         self.version += 1
         out = {
             "loss": loss,
