@@ -4,11 +4,11 @@ Batches arrive as right-padded token matrices. Position ``t`` of every per-token
 refers to predicting ``tokens[:, t + 1]`` from ``tokens[:, : t + 1]``, hence the ``S - 1``.
 
 Every forward and backward goes through Megatron-Core's schedule (no pipelining at PP=1,
-1F1B at PP>1): the loss function runs on the last pipeline stage and returns the sum of the
-per-token losses and the token count; Megatron divides the gradients by the token count
-summed over micro-batches and data-parallel ranks, so the update is the token mean over the
-whole batch at any TP/PP/DP. Every rank passes the same batch; data-parallel ranks each take
-their contiguous slice of its rows. Results (log-probs, statistics) are returned on every rank.
+1F1B at PP>1): the loss function runs on the last pipeline stage and returns a loss sum and its
+units (tokens, or sequences: ``algo.objective``); Megatron divides the gradients by the units
+summed over micro-batches and data-parallel ranks, so the update is the same at any TP/PP/DP and
+however the batch is cut. Every rank passes the same batch and plans the same micro-batches
+(``microbatch.py``). Results (log-probs, statistics) are returned on every rank.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.export import LearnerWeights
 from pc_megatron.learner.layout import MicroBatchInput
 from pc_megatron.learner.microbatch import MicroBatchPlan, alignment, plan_micro_batches
-from pc_megatron.learner.model import build_gpt_model, resolve_transformer_impl
+from pc_megatron.learner.model import build_gpt_model, build_training, resolve_transformer_impl
 from pc_megatron.learner.offload import PinnedOffload
 from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.arch import ArchSpec, load_arch
@@ -39,15 +39,10 @@ from pc_megatron.weight_sync.sharding import check_divisible
 
 
 class Learner:
-    def __init__(self, model_dir: str | Path, cfg: LearnerConfig, seed: int) -> None:
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    """This rank's share of one policy: SFT and RL steps (``algo.objective``), log-probs; weights in
+    and out through ``export.LearnerWeights``, checkpoints through ``checkpoint_io``."""
 
+    def __init__(self, model_dir: str | Path, cfg: LearnerConfig, seed: int) -> None:
         from pc_megatron.compat import megatron_cpu
 
         cfg.validate()
@@ -59,48 +54,12 @@ class Learner:
         module = build_gpt_model(
             self.arch, self.parallel, cfg.transformer_impl, cfg.bf16, cfg.fp8, cfg.fp8_recipe, cfg.sequence_parallel
         )
-        module.config.finalize_model_grads_func = finalize_model_grads
         self.device = next(module.parameters()).device
         self.transformer_impl = resolve_transformer_impl(cfg.transformer_impl)
         self.weights = LearnerWeights(module, self.arch, self.transformer_impl, self.parallel)
         self.weights.check_names()
         self.weights.load_hf(model_dir)
-        self.model = DistributedDataParallel(
-            module.config,
-            DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, use_distributed_optimizer=cfg.distributed_optimizer
-            ),
-            module,
-        )
-        self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=cfg.lr,
-                min_lr=cfg.min_lr,
-                weight_decay=cfg.weight_decay,
-                adam_beta1=cfg.adam_beta1,
-                adam_beta2=cfg.adam_beta2,
-                adam_eps=cfg.adam_eps,
-                clip_grad=cfg.clip_grad,
-                bf16=cfg.bf16,
-                params_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
-                use_distributed_optimizer=cfg.distributed_optimizer,
-            ),
-            [self.model],
-        )
-        self.lr_schedule = OptimizerParamScheduler(
-            self.optimizer,
-            init_lr=0.0 if cfg.lr_warmup_steps else cfg.lr,
-            max_lr=cfg.lr,
-            min_lr=cfg.min_lr,
-            lr_warmup_steps=cfg.lr_warmup_steps,
-            lr_decay_steps=max(cfg.lr_decay_steps, cfg.lr_warmup_steps + 1),
-            lr_decay_style=cfg.lr_decay_style,
-            start_wd=cfg.weight_decay,
-            end_wd=cfg.weight_decay,
-            wd_incr_steps=1,
-            wd_incr_style="constant",
-        )
+        self.model, self.optimizer, self.lr_schedule = build_training(module, cfg)
         self.version = 0  # policy version: number of optimizer steps taken
         self._offloaded = False
         self._host = PinnedOffload()  # pinned host buffers for the optimizer state while offloaded
@@ -118,8 +77,7 @@ class Learner:
         return self.weights.full_named_parameters()
 
     def hf_named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Current weights under HF names and layouts, on every rank (``export.LearnerWeights``); may be
-        views of the parameters."""
+        """Current weights under HF names, on every rank (``export.LearnerWeights``); views: copy to keep."""
         return self.weights.hf_named_tensors()
 
     # ----------------------------------------------------------------- colocation
@@ -159,10 +117,10 @@ class Learner:
         )
         if plan.oversize and not self._oversize_said:
             self._oversize_said = True
+            longest = max(lengths[i] for i in plan.oversize)
             print(
-                f"learner: {len(plan.oversize)} row(s) longer than the micro-batch token budget ({max_tokens}) "
-                f"run alone (longest {max(lengths[i] for i in plan.oversize)} tokens); raise the budget if "
-                "memory allows (said once)",
+                f"learner: {len(plan.oversize)} row(s) longer than the micro-batch token budget ({max_tokens}) run "
+                f"alone (longest {longest} tokens); raise the budget if memory allows (said once)",
                 flush=True,
             )
         return plan, lengths

@@ -1,4 +1,5 @@
-"""Build a Megatron-Core ``GPTModel`` from an HF architecture spec."""
+"""Build a Megatron-Core ``GPTModel`` from an HF architecture spec, and what trains it (the
+data-parallel wrapper, the optimizer and the learning-rate schedule)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import importlib.util
 
 import torch
 
+from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.parallel import ParallelState
 from pc_megatron.model.arch import ArchSpec
 
@@ -117,3 +119,53 @@ def build_gpt_model(
     if torch.cuda.is_available():
         model = model.cuda()
     return model
+
+
+def build_training(module: torch.nn.Module, cfg: LearnerConfig):
+    """``(model, optimizer, lr_schedule)`` for this stage's ``module``: Megatron-Core's
+    DistributedDataParallel around it (gradients reduced in fp32), its Adam (distributed or not)
+    and the learning-rate schedule (linear warm-up, then ``cfg.lr_decay_style`` to ``min_lr``)."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    module.config.finalize_model_grads_func = finalize_model_grads
+    model = DistributedDataParallel(
+        module.config,
+        DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=cfg.distributed_optimizer),
+        module,
+    )
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=cfg.lr,
+            min_lr=cfg.min_lr,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            adam_eps=cfg.adam_eps,
+            clip_grad=cfg.clip_grad,
+            bf16=cfg.bf16,
+            params_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
+            use_distributed_optimizer=cfg.distributed_optimizer,
+        ),
+        [model],
+    )
+    lr_schedule = OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if cfg.lr_warmup_steps else cfg.lr,
+        max_lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        lr_warmup_steps=cfg.lr_warmup_steps,
+        lr_decay_steps=max(cfg.lr_decay_steps, cfg.lr_warmup_steps + 1),
+        lr_decay_style=cfg.lr_decay_style,
+        start_wd=cfg.weight_decay,
+        end_wd=cfg.weight_decay,
+        wd_incr_steps=1,
+        wd_incr_style="constant",
+    )
+    return model, optimizer, lr_schedule
