@@ -8,8 +8,8 @@
 Each line is ``name sha256``. ``scheduler`` hashes every batch (prompts, samples, pilot sizes,
 rounds) and its stats, for each setting, on an oracle with fixed per-prompt pass rates. ``train``
 and ``default`` hash each metrics row without wall-clock figures (``time_*``, ``*_per_s``,
-``wall_s``), so two runs of the same code on the same machine give the same line. ``convert`` hashes
-every tensor of the round-tripped folder.
+``wall_s``, ``weight_sync_s``, ``weight_sync_gbps``), so two runs of the same code on the same
+machine give the same line. ``convert`` hashes every tensor of the round-tripped folder.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 _CLOCK = ("time_", "wall")
+_CLOCK_KEYS = ("weight_sync_s", "weight_sync_gbps")  # the weight sync's wall time and its rate
 
 
 def _digest(obj) -> str:
@@ -81,7 +82,10 @@ def scheduler_hashes(steps: int = 40) -> dict[str, str]:
 
 def _metrics_hash(run_dir: Path) -> str:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    kept = [{k: v for k, v in r.items() if not k.startswith(_CLOCK) and not k.endswith("_per_s")} for r in rows]
+    kept = [
+        {k: v for k, v in r.items() if not k.startswith(_CLOCK) and not k.endswith("_per_s") and k not in _CLOCK_KEYS}
+        for r in rows
+    ]
     return _digest(kept)
 
 
