@@ -51,15 +51,18 @@ class TokenBatch:
 def completions_to_batch(
     prompts: list[list[int]], completions: list[Completion], pad_id: int
 ) -> tuple[TokenBatch, torch.Tensor]:
-    """Return the batch (``loss_mask`` on the generated tokens) and the engine's sampling
-    log-probs aligned with it, ``(N, S-1) float32`` (0 where the mask is 0)."""
-    seqs = [prompts[c.prompt_index] + c.token_ids for c in completions]
+    """Row ``i`` is ``prompts[i] + completions[i].token_ids`` (``prompts``: each row's prompt token
+    ids, one per completion). Return the batch (``loss_mask`` on the generated tokens) and the
+    engine's sampling log-probs aligned with it, ``(N, S-1) float32`` (0 where the mask is 0)."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions: give each row its prompt")
+    seqs = [p + c.token_ids for p, c in zip(prompts, completions, strict=True)]
     width = max(map(len, seqs))
     tokens = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width - 1))
     engine_logp = torch.zeros((len(seqs), width - 1))
     for i, (seq, c) in enumerate(zip(seqs, completions, strict=True)):
-        start = len(prompts[c.prompt_index]) - 1
+        start = len(prompts[i]) - 1
         tokens[i, : len(seq)] = torch.tensor(seq)
         mask[i, start : start + len(c.token_ids)] = 1.0
         engine_logp[i, start : start + len(c.token_ids)] = torch.tensor(c.logprobs)

@@ -33,7 +33,7 @@ def positive(key: str, value: float) -> None:
 
 def check_choices(section: object, prefix: str) -> None:
     """Every ``Literal``-typed field of the dataclass ``section`` holds one of its choices: one
-    ConfigError naming ``prefix.field``, the value and the choices otherwise. (OmegaConf checks the
+    ConfigError naming ``prefix.field``, the value and the choices otherwise. (The config loader checks the
     same when a recipe is loaded; this covers a section built in Python.)"""
     from dataclasses import fields
     from typing import Literal, get_args, get_origin, get_type_hints

@@ -75,9 +75,7 @@ class EvalConfig:
                 raise ConfigError(f"eval.sets[{i}].repeats={s.repeats}: must be >= 1")
             temperature = self.temperature if s.temperature is None else s.temperature
             if temperature == 0 and s.repeats > 1:
-                raise ConfigError(
-                    f"eval.sets[{i}]: repeats > 1 needs a temperature > 0 (greedy samples are identical)"
-                )
+                raise ConfigError(f"eval.sets[{i}]: repeats > 1 needs a temperature > 0 (greedy samples are identical)")
             if not 0 < s.top_p <= 1:
                 raise ConfigError(f"eval.sets[{i}].top_p={s.top_p}: must be in (0, 1]")
             names.append(s.set_name)

@@ -1,8 +1,8 @@
 """RL training loop, as verbs on roles (``pc_megatron/runtime`` places them in this process or on
 Ray actors): per step,
 
-    plan = scheduler.next_batch(rollouts)     fleet.generate → rewards.score, one or more calls
-    fleet.sleep(); rl_update(learner, plan)   old log-probs, advantages, optimizer steps (mini-batches)
+    allocation = scheduler.next_batch(rollouts)   fleet.generate → rewards.score, one or more calls
+    fleet.sleep(); rl_update(learner, allocation) old log-probs, advantages, optimizer steps (mini-batches)
     runtime.sync_weights()                    the learner's weights become the fleet's next version
 
 with held-out evaluation every ``eval.every_steps`` and a checkpoint every ``checkpoint.every_steps``.
@@ -202,25 +202,20 @@ def _step(
     t_step, times = time.perf_counter(), PhaseTimes()
     rollouts.begin_step(step, times)
     with times("scheduler"):  # its own decisions; the fleet and reward calls it makes are timed apart
-        plan = scheduler.next_batch(step, rollouts, policy_version=learner.version)
-    row = {"step": step, **plan.metrics(), **rollouts.metrics()}
-    if plan.groups:
+        allocation = scheduler.next_batch(step, rollouts, policy_version=learner.version)
+    row = {"step": step, **allocation.metrics(), **rollouts.metrics()}
+    if allocation.groups:
         with times("engine_sleep"):
             fleet.sleep()
         row |= rl_update(
             learner,
             runtime.ref_learner,
-            plan.groups,
+            allocation.groups,
             rollouts.prompt_ids,
             rollouts.tokenizer,
-            loss_cfg,
+            dataclasses.replace(cfg.algo, loss=loss_cfg),
             rollouts.params.temperature,
             times,
-            separate_old_logprobs=cfg.algo.old_logprobs == "separate",
-            mini_batch_size=cfg.algo.mini_batch_size,
-            epochs=cfg.algo.epochs,
-            mini_batch_rollouts=cfg.algo.mini_batch_rollouts,
-            skip_zero_advantage=cfg.algo.skip_zero_advantage,
             min_rows=cfg.learner.data_parallel_size,
         )
         with times("sync"):

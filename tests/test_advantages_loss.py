@@ -1,11 +1,12 @@
 """GRPO advantages and the clipped-surrogate loss (pure functions, CPU)."""
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from pc_megatron.algo import LossConfig, aggregation_weights, group_advantages, policy_loss
+from pc_megatron.algo import LossConfig, aggregation_weights, group_advantages, rl_objective
 
 
 def test_group_advantages_match_hand_computation():
@@ -30,12 +31,25 @@ def test_degenerate_groups_get_zero_advantage():
     assert torch.equal(adv, torch.zeros(7))
 
 
+def _token_losses(logp, old, adv, cfg, ref_logp=None):
+    """Each token's loss, clip flag and KL through ``rl_objective``, one token trained at a time
+    (token-mean: that token's loss is the loss sum)."""
+    out = {key: torch.zeros(logp.shape, dtype=torch.float64) for key in ("loss", "clipped", "kl")}
+    for i, t in itertools.product(range(logp.shape[0]), range(logp.shape[1])):
+        mask = torch.zeros(logp.shape)
+        mask[i, t] = 1.0
+        loss, units, sums = rl_objective(logp, torch.zeros(logp.shape), old, adv, mask, cfg, ref_logp=ref_logp)
+        assert units == 1
+        out["loss"][i, t], out["clipped"][i, t], out["kl"][i, t] = loss, sums["clipfrac"], sums["kl"]
+    return out
+
+
 def test_loss_is_minus_advantage_at_ratio_one():
     logp = torch.randn(3, 5)
     adv = torch.tensor([[1.0], [-2.0], [0.5]])
-    loss, stats = policy_loss(logp, logp.clone(), adv, LossConfig())
-    assert torch.allclose(loss, -adv.expand(3, 5))
-    assert stats["clipped"].sum() == 0
+    got = _token_losses(logp, logp.clone(), adv, LossConfig())
+    assert torch.allclose(got["loss"], -adv.expand(3, 5).double())
+    assert got["clipped"].sum() == 0
 
 
 def test_clip_low_and_high_bounds_are_separate():
@@ -44,28 +58,30 @@ def test_clip_low_and_high_bounds_are_separate():
     # ratios 1.5 and 0.5 with positive / negative advantages
     logp = torch.log(torch.tensor([[1.5, 1.5, 0.5, 0.5]]))
     adv = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
-    loss, stats = policy_loss(logp, old, adv, cfg)
+    got = _token_losses(logp, old, adv, cfg)
     # A>0, r=1.5: clipped at 1.28 -> loss -1.28; A<0, r=1.5: unclipped 1.5 (pessimistic max)
     # A>0, r=0.5: unclipped -0.5;                A<0, r=0.5: clipped at 0.8 -> loss 0.8
-    assert torch.allclose(loss, torch.tensor([[-1.28, 1.5, -0.5, 0.8]]), atol=1e-6)
-    assert stats["clipped"].tolist() == [[1.0, 0.0, 0.0, 1.0]]
+    assert torch.allclose(got["loss"], torch.tensor([[-1.28, 1.5, -0.5, 0.8]], dtype=torch.float64), atol=1e-6)
+    assert got["clipped"].tolist() == [[1.0, 0.0, 0.0, 1.0]]
 
 
 def test_tokens_exactly_at_clip_boundary_keep_gradient():
     cfg = LossConfig(clip_low=0.2, clip_high=0.28)
     logp = torch.log(torch.tensor([[1.28, 0.8]])).requires_grad_()
-    loss, _ = policy_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), cfg)
-    loss.sum().backward()
+    loss, _, _ = rl_objective(
+        logp, torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), cfg
+    )
+    loss.backward()
     assert torch.all(logp.grad != 0)
 
 
 def test_kl_penalty_is_zero_at_reference_and_positive_elsewhere():
     cfg = LossConfig(kl_coef=0.5)
     logp = torch.log(torch.tensor([[0.5, 0.2]]))
-    base, _ = policy_loss(logp, logp, torch.zeros(1, 2), cfg, ref_logp=logp)
-    assert torch.allclose(base, torch.zeros(1, 2))
-    off, stats = policy_loss(logp, logp, torch.zeros(1, 2), cfg, ref_logp=torch.log(torch.tensor([[0.3, 0.3]])))
-    assert torch.all(stats["kl"] > 0) and torch.all(off > 0)
+    base = _token_losses(logp, logp, torch.zeros(1, 2), cfg, ref_logp=logp)
+    assert torch.allclose(base["loss"], torch.zeros(1, 2, dtype=torch.float64))
+    off = _token_losses(logp, logp, torch.zeros(1, 2), cfg, ref_logp=torch.log(torch.tensor([[0.3, 0.3]])))
+    assert torch.all(off["kl"] > 0) and torch.all(off["loss"] > 0)
 
 
 def _aggregate(loss: torch.Tensor, mask: torch.Tensor, agg: str, norm: int = 0, parts: int = 1) -> float:

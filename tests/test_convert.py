@@ -14,7 +14,7 @@ from pc_megatron.checkpoint.convert import hf_to_megatron, megatron_param_names,
 from pc_megatron.cli import main
 from pc_megatron.errors import ModelFileError, UserError
 from pc_megatron.learner import Learner, LearnerConfig
-from pc_megatron.learner.learner import load_hf_weights
+from pc_megatron.learner.export import load_hf_weights
 from pc_megatron.model.arch import load_arch
 
 
@@ -138,10 +138,10 @@ def test_transformer_engine_names_map_to_the_same_hf_tensors(hf_model):
 def test_a_name_table_that_disagrees_with_the_model_is_one_clear_error(hf_model, monkeypatch):
     """The learner checks its parameters against the table at start (a wrong table would hang
     the other pipeline stages during weight export)."""
-    import pc_megatron.learner.learner as learner_mod
+    import pc_megatron.learner.export as export_mod
     from pc_megatron.errors import ModelFileError
 
     te_table = lambda arch, impl: megatron_param_names(arch, "transformer_engine")  # noqa: E731
-    monkeypatch.setattr(learner_mod, "megatron_param_names", te_table)
+    monkeypatch.setattr(export_mod, "megatron_param_names", te_table)
     with pytest.raises(ModelFileError, match=r"local layer spec: parameter decoder.layers.0.*name table"):
         Learner(hf_model, LearnerConfig(transformer_impl="local"), seed=0)

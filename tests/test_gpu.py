@@ -25,7 +25,7 @@ def test_learner_on_gpu_matches_the_engine(tiny_model_dir, impl):
     engine.update_weights(learner.hf_named_tensors(), learner.version)
     prompts = [[3, 4, 12, 5, 16], [7, 16]]
     completions = engine.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=6), seed=0)
-    batch, engine_logp = completions_to_batch(prompts, completions, pad_id=0)
+    batch, engine_logp = completions_to_batch([prompts[c.prompt_index] for c in completions], completions, pad_id=0)
     _, worst = logprob_mismatch(learner.logprobs(batch), engine_logp, batch.loss_mask)
     assert worst < 1e-3  # TF32/cuBLAS reductions differ from CPU fp32
 
@@ -208,7 +208,7 @@ def test_colocated_vllm_sleeps_wakes_and_takes_the_learners_weights_over_cuda_ip
         free_awake = torch.cuda.mem_get_info()[0]
         engine.sleep()
         assert torch.cuda.mem_get_info()[0] > free_awake  # the engine gave memory back
-        batch, elp = completions_to_batch(prompts, cs, pad_id=0)
+        batch, elp = completions_to_batch([prompts[c.prompt_index] for c in cs], cs, pad_id=0)
         old = learner.logprobs(batch)
         _, worst = logprob_mismatch(old, elp, batch.loss_mask)
         assert worst < 0.1, f"step {step}: engine/learner log-prob gap {worst} (bf16)"

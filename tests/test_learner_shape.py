@@ -15,6 +15,7 @@ from test_model_families import make_hf_model
 from test_parallel import torchrun
 
 from pc_megatron.algo import LossConfig
+from pc_megatron.algo.config import AlgoConfig
 from pc_megatron.batch import TokenBatch
 from pc_megatron.config import load_config
 from pc_megatron.errors import ConfigError
@@ -187,6 +188,11 @@ def _groups(num_groups: int, per_group: int):
     return groups, prompts, SimpleNamespace(pad_token_id=0)
 
 
+def _algo(**kw) -> AlgoConfig:
+    """The algo section for rl_update: all rows trained unless asked (skip_zero_advantage off)."""
+    return AlgoConfig(**{"skip_zero_advantage": False} | kw)
+
+
 def test_mini_batches_first_step_is_a_single_step_on_its_rows_and_later_steps_clip(ragged_model):
     """algo.mini_batch_size=1 on 4 groups: 4 optimizer steps from one set of old log-probs. The first
     equals one step on the first group alone; the later ones see ratios away from 1 and clip."""
@@ -198,7 +204,7 @@ def test_mini_batches_first_step_is_a_single_step_on_its_rows_and_later_steps_cl
     groups, prompts, tok = _groups(4, 4)
     cfg = LearnerConfig(lr=3e-2, max_tokens_per_micro_batch=64)
     rec = _Recording(Learner(ragged_model, cfg, seed=0))
-    out = rl_update(rec, None, groups, prompts, tok, LossConfig(), 1.0, PhaseTimes(), mini_batch_size=1, epochs=1)
+    out = rl_update(rec, None, groups, prompts, tok, _algo(mini_batch_size=1, epochs=1), 1.0, PhaseTimes())
     assert out["learner/optimizer_steps"] == 4 and len(rec.steps) == 4
     clip = [s["clipfrac"] for s, _ in rec.steps]
     assert clip[0] == 0 and max(clip[1:]) > 0, clip
@@ -206,7 +212,8 @@ def test_mini_batches_first_step_is_a_single_step_on_its_rows_and_later_steps_cl
     assert out["learner/pad_frac"] == 0 and out["learner/micro_batches"] >= 4  # packed: no padding
 
     single = Learner(ragged_model, cfg, seed=0)
-    batch, _ = completions_to_batch(prompts, [s.payload for g in groups for s in g.samples], 0)
+    payloads = [s.payload for g in groups for s in g.samples]
+    batch, _ = completions_to_batch([prompts[c.prompt_index] for c in payloads], payloads, 0)
     rows = torch.arange(4)  # the first group's samples
     rewards = torch.tensor([s.reward for g in groups for s in g.samples])
     adv = group_advantages(rewards, torch.arange(4).repeat_interleave(4), True)
@@ -225,7 +232,7 @@ def test_two_epochs_take_every_mini_batch_twice(ragged_model):
 
     groups, prompts, tok = _groups(4, 2)
     rec = _Recording(Learner(ragged_model, LearnerConfig(lr=1e-3), seed=0))
-    out = rl_update(rec, None, groups, prompts, tok, LossConfig(), 1.0, PhaseTimes(), mini_batch_size=2, epochs=2)
+    out = rl_update(rec, None, groups, prompts, tok, _algo(mini_batch_size=2, epochs=2), 1.0, PhaseTimes())
     assert out["learner/optimizer_steps"] == 4 == rec.learner.version
 
 
@@ -242,7 +249,7 @@ def test_mini_batches_sized_in_rollouts_take_the_public_recipes_extra_steps(ragg
     assert [len(p) for p in parts] == [8, 8, 8] and torch.equal(torch.cat(parts), torch.arange(24))
     assert [len(p) for p in mini_batches(groups, 2)] == [12, 12]
     rec = _Recording(Learner(ragged_model, LearnerConfig(lr=1e-3), seed=0))
-    out = rl_update(rec, None, groups, prompts, tok, LossConfig(), 1.0, PhaseTimes(), mini_batch_rollouts=8)
+    out = rl_update(rec, None, groups, prompts, tok, _algo(mini_batch_rollouts=8), 1.0, PhaseTimes())
     assert out["learner/optimizer_steps"] == 3 == rec.learner.version
     with pytest.raises(ConfigError, match="set one of them"):
         load_config("tiny", ["algo.mini_batch_size=2", "algo.mini_batch_rollouts=8"])
@@ -264,7 +271,9 @@ def test_rows_of_all_alike_groups_skipped_give_the_same_step_at_less_compute(rag
     results = {}
     for skip in (False, True):
         learner = Learner(ragged_model, LearnerConfig(lr=1e-3, clip_grad=0.0, max_tokens_per_micro_batch=64), seed=0)
-        out = rl_update(learner, None, groups, prompts, tok, loss, 1.0, PhaseTimes(), skip_zero_advantage=skip)
+        out = rl_update(
+            learner, None, groups, prompts, tok, _algo(loss=loss, skip_zero_advantage=skip), 1.0, PhaseTimes()
+        )
         # the step's gradients (Adam's first step amplifies float noise where a gradient is ~0: compare these)
         results[skip] = (out, {n: p.main_grad.clone() for n, p in learner.module.named_parameters()})
     (full, g_full), (skipped, g_skip) = results[False], results[True]
@@ -279,7 +288,8 @@ def test_rows_of_all_alike_groups_skipped_give_the_same_step_at_less_compute(rag
     from pc_megatron.algo.advantages import group_advantages
     from pc_megatron.batch import completions_to_batch
 
-    batch, _ = completions_to_batch(prompts, [s.payload for g in groups for s in g.samples], 0)
+    payloads = [s.payload for g in groups for s in g.samples]
+    batch, _ = completions_to_batch([prompts[c.prompt_index] for c in payloads], payloads, 0)
     rewards = torch.tensor([s.reward for g in groups for s in g.samples])
     adv = group_advantages(rewards, torch.arange(4).repeat_interleave(4), True)
     rows = torch.cat([torch.arange(0, 4), torch.arange(8, 12)])

@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from pc_megatron.batch import TokenBatch
 from pc_megatron.learner import Learner, LearnerConfig
-from pc_megatron.learner.learner import load_hf_weights
+from pc_megatron.learner.export import load_hf_weights
 from pc_megatron.weight_sync import mapping
 
 
@@ -62,7 +62,7 @@ def test_weights_from_a_different_model_are_rejected(tmp_path, learner):
         tmp_path / "other",
     )
     with pytest.raises(ModelFileError, match="expects"):
-        learner._load_hf(learner.module, other)
+        learner.weights.load_hf(other)
 
 
 def test_missing_and_truncated_weight_files_give_clear_errors(tmp_path, tiny_model_dir):

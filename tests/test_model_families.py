@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 from pc_megatron.errors import ModelFileError
 from pc_megatron.learner import Learner, LearnerConfig
-from pc_megatron.learner.learner import load_hf_weights
+from pc_megatron.learner.export import load_hf_weights
 from pc_megatron.model.arch import arch_from_hf_config, load_arch
 
 COMMON = dict(

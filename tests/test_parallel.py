@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_model_families import CONFIGS, make_hf_model
 
-from pc_megatron.learner.learner import load_hf_weights
+from pc_megatron.learner.export import load_hf_weights
 from pc_megatron.model.arch import load_arch
 
 WORKERS = Path(__file__).parent / "workers"

@@ -109,7 +109,7 @@ def test_prompt_logprobs_are_the_models(engine):
 
 def test_completions_to_batch_aligns_masks_and_logprobs(engine):
     cs = engine.generate(PROMPTS, 2, SamplingParams(temperature=1.0, max_new_tokens=5), seed=4)
-    batch, elp = completions_to_batch(PROMPTS, cs, pad_id=0)
+    batch, elp = completions_to_batch([PROMPTS[c.prompt_index] for c in cs], cs, pad_id=0)
     for i, c in enumerate(cs):
         start = len(PROMPTS[c.prompt_index]) - 1
         assert batch.loss_mask[i].sum() == len(c.token_ids)

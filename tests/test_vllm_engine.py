@@ -148,7 +148,7 @@ def test_after_three_rl_steps_and_a_sync_the_engine_serves_the_learners_model(en
         # and sampled rollouts carry the version, with learner/engine mismatch at float noise
         cs = engine.generate(PROMPTS, 2, SamplingParams(temperature=1.0, max_new_tokens=6), seed=1)
         assert {c.weight_version for c in cs} == {3}
-        b, elp = completions_to_batch(PROMPTS, cs, pad_id=0)
+        b, elp = completions_to_batch([PROMPTS[c.prompt_index] for c in cs], cs, pad_id=0)
         mean, worst = logprob_mismatch(learner.logprobs(b, 1.0), elp, b.loss_mask)
         assert worst < 1e-4 and mean < 1e-5
     finally:
@@ -183,7 +183,7 @@ def test_one_perturbed_tensor_shows_in_the_mismatch_metric(engines, dirs):
     try:
         engine.update_weights(noisy, version=0)
         cs = engine.generate(PROMPTS, 2, SamplingParams(temperature=1.0, max_new_tokens=6), seed=1)
-        b, elp = completions_to_batch(PROMPTS, cs, pad_id=0)
+        b, elp = completions_to_batch([PROMPTS[c.prompt_index] for c in cs], cs, pad_id=0)
         _, worst = logprob_mismatch(learner.logprobs(b, 1.0), elp, b.loss_mask)
         assert worst > 1e-2
     finally:

@@ -64,7 +64,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench_learner import SHAPES, random_model
 
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import AlgoConfig
     from pc_megatron.algo.update import rl_update
     from pc_megatron.learner import Learner, LearnerConfig
     from pc_megatron.phases import PhaseTimes
@@ -76,12 +76,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = random_model(Path(tmp) / args.shape, args.shape, torch.float32)
         learner = Learner(folder, LearnerConfig(lr=1e-7, max_tokens_per_micro_batch=args.budget), seed=0)
-        rl_update(learner, None, groups, prompts, tok, LossConfig(), 1.0, PhaseTimes())  # warm-up
+        warm_up = AlgoConfig(skip_zero_advantage=False)
+        rl_update(learner, None, groups, prompts, tok, warm_up, 1.0, PhaseTimes())
         for r in range(args.rounds):
             for skip in (False, True):
                 times = PhaseTimes()
                 t0 = time.perf_counter()
-                out = rl_update(learner, None, groups, prompts, tok, LossConfig(), 1.0, times, skip_zero_advantage=skip)
+                algo = AlgoConfig(skip_zero_advantage=skip)
+                out = rl_update(learner, None, groups, prompts, tok, algo, 1.0, times)
                 rows.append(
                     {
                         "round": r,

@@ -1,7 +1,7 @@
-"""Pure functions of the RL math: group advantages and the clipped-surrogate policy loss."""
+"""Pure functions of the RL math: group advantages and the RL objective (``objective.py``)."""
 
 from pc_megatron.algo.advantages import group_advantages
 from pc_megatron.algo.config import LossConfig
-from pc_megatron.algo.loss import aggregation_weights, policy_loss
+from pc_megatron.algo.objective import aggregation_weights, rl_objective
 
-__all__ = ["LossConfig", "aggregation_weights", "group_advantages", "policy_loss"]
+__all__ = ["LossConfig", "aggregation_weights", "group_advantages", "rl_objective"]

@@ -1,6 +1,6 @@
 """One RL update from the scheduler's groups: group advantages → one or more clipped-surrogate
-optimizer steps over mini-batches of prompts (the objective itself, truncated IS included, is the
-learner's ``train_rl``); and the batch's metrics.
+optimizer steps over mini-batches of prompts (the objective itself, truncated IS included, is
+``algo.objective.rl_objective``, which the learner's ``train_rl`` runs); and the batch's metrics.
 
 The learner computes the old log-probs itself rather than trusting the engine's (standard in
 verl and slime). With one optimizer step per batch the old policy *is* the current one, so by
@@ -17,13 +17,11 @@ and, with ``algo.loss.tis_cap``, as the behaviour policy of truncated importance
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from pc_megatron.algo.advantages import group_advantages
-from pc_megatron.algo.config import LossConfig
-from pc_megatron.algo.loss import aggregation_weights
+from pc_megatron.algo.config import AlgoConfig
+from pc_megatron.algo.objective import aggregation_weights
 from pc_megatron.batch import completions_to_batch, group_stats, logprob_mismatch
 from pc_megatron.phases import PhaseTimes
 from pc_megatron.scheduler import Group
@@ -52,34 +50,32 @@ def rl_update(
     groups: list[Group],
     prompt_ids: list[list[int]],
     tokenizer,
-    loss_cfg: LossConfig,
+    algo: AlgoConfig,
     temperature: float,
     times: PhaseTimes,
-    separate_old_logprobs: bool = False,
-    mini_batch_size: int = 0,
-    epochs: int = 1,
-    mini_batch_rollouts: int = 0,
-    skip_zero_advantage: bool = False,
     min_rows: int = 1,
 ) -> dict[str, float]:
     """Train ``learner`` (a ``LearnerRole``) on ``groups``; returns the update's metrics.
 
-    ``skip_zero_advantage``: rows with a zero advantage (all-alike groups) stay out of the forward
-    and backward when nothing but the policy-gradient term acts on them (no KL, no entropy bonus);
-    the loss keeps the whole mini-batch's divisor, so the step is the one without skipping, and at
-    least ``min_rows`` rows (the data-parallel size) are trained so each optimizer step happens."""
+    ``algo``: the ``algo`` section, its ``loss.norm_tokens`` resolved (``algo.old_logprobs``,
+    ``mini_batch_size``, ``mini_batch_rollouts``, ``epochs``, ``skip_zero_advantage``, ``loss``).
+    With ``algo.skip_zero_advantage``, rows with a zero advantage (all-alike groups) stay out of the
+    forward and backward when nothing but the policy-gradient term acts on them (no KL, no entropy
+    bonus); the loss keeps the whole mini-batch's divisor, so the step is the one without skipping,
+    and at least ``min_rows`` rows (the data-parallel size) are trained so each optimizer step happens."""
+    loss_cfg, epochs = algo.loss, algo.epochs
     samples = [s for g in groups for s in g.samples]
-    completions = [dataclasses.replace(s.payload, prompt_index=i) for i, g in enumerate(groups) for s in g.samples]
+    completions = [s.payload for s in samples]
     rewards = torch.tensor([s.reward for s in samples])
     correct = torch.tensor([s.correct for s in samples])
     group_ids = torch.cat([torch.full((len(g.samples),), i) for i, g in enumerate(groups)])
-    parts = mini_batches(groups, mini_batch_size, mini_batch_rollouts)
+    parts = mini_batches(groups, algo.mini_batch_size, algo.mini_batch_rollouts)
     several = len(parts) * epochs > 1
     with times("logprob"):
-        batch, engine_logp = completions_to_batch(
-            [prompt_ids[g.prompt] for g in groups], completions, tokenizer.pad_token_id
-        )
-        old_logp = learner.logprobs(batch, temperature) if separate_old_logprobs or several else None
+        row_prompts = [prompt_ids[g.prompt] for g in groups for _ in g.samples]
+        batch, engine_logp = completions_to_batch(row_prompts, completions, tokenizer.pad_token_id)
+        separate = algo.old_logprobs == "separate" or several
+        old_logp = learner.logprobs(batch, temperature) if separate else None
         ref_logp = ref_learner.logprobs(batch, temperature) if ref_learner else None
     version_before = learner.version
     updates: list[dict] = []
@@ -87,7 +83,7 @@ def rl_update(
     with times("train"):
         adv = group_advantages(rewards, group_ids, loss_cfg.normalize_adv_by_std)
         behaviour = engine_logp if loss_cfg.tis_cap > 0 else None
-        skip = skip_zero_advantage and loss_cfg.kl_coef == 0 and loss_cfg.entropy_coef == 0
+        skip = algo.skip_zero_advantage and loss_cfg.kl_coef == 0 and loss_cfg.entropy_coef == 0
         row_units = aggregation_weights(batch.loss_mask.sum(1), loss_cfg.agg, loss_cfg.norm_tokens or 1)[1]
         for _ in range(epochs):
             for part in parts:

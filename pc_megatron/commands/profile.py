@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from pc_megatron.config import RunConfig
 
 
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="torch.profiler over a few steps: trace, per-phase breakdown, memory")
     add_recipe_arguments(p)

@@ -94,9 +94,7 @@ def prepare_prompts(data: DataConfig, eval_sets: list, task: Task, tokenizer) ->
 
     train, lost_train = render_rows(task.train, tokenizer, data, data.train_path or "the training prompts")
     held_out, lost_eval = (
-        render_rows(task.eval, tokenizer, data, data.eval_path or "the held-out prompts")
-        if task.eval
-        else ([], 0)
+        render_rows(task.eval, tokenizer, data, data.eval_path or "the held-out prompts") if task.eval else ([], 0)
     )
     dropped = {"data/dropped_long_prompts": lost_train, "data/dropped_long_eval": lost_eval}
     sets = []

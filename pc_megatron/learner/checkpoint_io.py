@@ -31,7 +31,7 @@ def _sharded_state(learner: Any, loading: bool) -> dict:
     return {
         "model": model,
         "optimizer": learner.optimizer.sharded_state_dict(model, is_loading=loading, metadata=_SHARDING),
-        "scheduler": learner.scheduler.state_dict(),
+        "scheduler": learner.lr_schedule.state_dict(),  # the key from before the rename: old checkpoints load
         "version": learner.version,
     }
 
@@ -88,7 +88,7 @@ def load_state(learner: Any, path: Path) -> int:
         ) from None
     learner.module.load_state_dict(state["model"])
     learner.optimizer.load_state_dict(state["optimizer"])
-    learner.scheduler.load_state_dict(state["scheduler"])
+    learner.lr_schedule.load_state_dict(state["scheduler"])
     return int(state["version"])
 
 

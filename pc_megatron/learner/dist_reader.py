@@ -17,6 +17,7 @@ import torch
 
 from pc_megatron.errors import ModelFileError
 from pc_megatron.model.arch import ArchSpec
+from pc_megatron.weight_sync.mapping import LAYER_PREFIX, layer_index
 
 
 def last_line(e: BaseException) -> str:
@@ -27,14 +28,15 @@ def last_line(e: BaseException) -> str:
 
 def _sharded_key(name: str, keys_map: dict[str, str]) -> tuple[str, int | None]:
     """(checkpoint key, layer index or None) of global Megatron parameter ``name``."""
-    if not name.startswith("decoder.layers."):
+    layer = layer_index(name)
+    if layer is None:
         return name, None
-    layer, rest = name[len("decoder.layers.") :].split(".", 1)
+    i, rest = layer
     for old, new in keys_map.items():
         if rest.startswith(old):
             rest = new + rest[len(old) :]
             break
-    return f"decoder.layers.{rest}", int(layer)
+    return LAYER_PREFIX + rest, i
 
 
 def _slice_planner(slices: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]):

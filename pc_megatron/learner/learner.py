@@ -4,11 +4,11 @@ Batches arrive as right-padded token matrices. Position ``t`` of every per-token
 refers to predicting ``tokens[:, t + 1]`` from ``tokens[:, : t + 1]``, hence the ``S - 1``.
 
 Every forward and backward goes through Megatron-Core's schedule (no pipelining at PP=1,
-1F1B at PP>1): the loss function runs on the last pipeline stage and returns the sum of the
-per-token losses and the token count; Megatron divides the gradients by the token count
-summed over micro-batches and data-parallel ranks, so the update is the token mean over the
-whole batch at any TP/PP/DP. Every rank passes the same batch; data-parallel ranks each take
-their contiguous slice of its rows. Results (log-probs, statistics) are returned on every rank.
+1F1B at PP>1): the loss function runs on the last pipeline stage and returns a loss sum and its
+units (tokens, or sequences: ``algo.objective``); Megatron divides the gradients by the units
+summed over micro-batches and data-parallel ranks, so the update is the same at any TP/PP/DP and
+however the batch is cut. Every rank passes the same batch and plans the same micro-batches
+(``microbatch.py``). Results (log-probs, statistics) are returned on every rank.
 """
 
 from __future__ import annotations
@@ -19,52 +19,30 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from kernels.grpo_loss import logprob_entropy
 from pc_megatron.algo.config import LossConfig
-from pc_megatron.algo.loss import aggregation_weights, policy_loss
+from pc_megatron.algo.objective import check_inputs, rl_objective, stat_keys
 from pc_megatron.batch import TokenBatch
-from pc_megatron.errors import ModelFileError, TrainingError
+from pc_megatron.errors import TrainingError
 from pc_megatron.learner.checkpoint_io import load_state, save_state
 from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.export import LearnerWeights
 from pc_megatron.learner.layout import MicroBatchInput
-from pc_megatron.learner.microbatch import Plan, alignment, plan_micro_batches
-from pc_megatron.learner.model import build_gpt_model, resolve_transformer_impl
+from pc_megatron.learner.microbatch import MicroBatchPlan, alignment, plan_micro_batches
+from pc_megatron.learner.model import build_gpt_model, build_training, resolve_transformer_impl
 from pc_megatron.learner.offload import PinnedOffload
 from pc_megatron.learner.parallel import init_parallel
 from pc_megatron.model.arch import ArchSpec, load_arch
 from pc_megatron.phases import phase_range
-from pc_megatron.weight_sync.mapping import megatron_to_hf
-from pc_megatron.weight_sync.sharding import (
-    HFTensors,
-    check_divisible,
-    megatron_param_names,
-    megatron_shard_from_hf,
-    pipeline_stage,
-    split_kind,
-    unshard,
-)
-
-_WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # parameter dtypes, by index on the wire
-
-
-def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of an HF folder, whole (the learner itself reads only its shards)."""
-    hf = HFTensors(model_dir)
-    return {key: hf.read(key) for key in hf.where}
+from pc_megatron.weight_sync.sharding import check_divisible
 
 
 class Learner:
-    def __init__(self, model_dir: str | Path, cfg: LearnerConfig, seed: int) -> None:
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    """This rank's share of one policy: SFT and RL steps (``algo.objective``), log-probs; weights in
+    and out through ``export.LearnerWeights``, checkpoints through ``checkpoint_io``."""
 
+    def __init__(self, model_dir: str | Path, cfg: LearnerConfig, seed: int) -> None:
         from pc_megatron.compat import megatron_cpu
 
         cfg.validate()
@@ -74,50 +52,14 @@ class Learner:
         megatron_cpu.seed_model_parallel(seed)
         check_divisible(self.arch, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
         module = build_gpt_model(
-            self.arch, cfg.transformer_impl, cfg.bf16, cfg.fp8, cfg.fp8_recipe, cfg.sequence_parallel
+            self.arch, self.parallel, cfg.transformer_impl, cfg.bf16, cfg.fp8, cfg.fp8_recipe, cfg.sequence_parallel
         )
-        module.config.finalize_model_grads_func = finalize_model_grads
         self.device = next(module.parameters()).device
         self.transformer_impl = resolve_transformer_impl(cfg.transformer_impl)
-        self._global = _global_names(module)
-        self._check_names()
-        self._load_hf(module, model_dir)
-        self.model = DistributedDataParallel(
-            module.config,
-            DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, use_distributed_optimizer=cfg.distributed_optimizer
-            ),
-            module,
-        )
-        self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=cfg.lr,
-                min_lr=cfg.min_lr,
-                weight_decay=cfg.weight_decay,
-                adam_beta1=cfg.adam_beta1,
-                adam_beta2=cfg.adam_beta2,
-                adam_eps=cfg.adam_eps,
-                clip_grad=cfg.clip_grad,
-                bf16=cfg.bf16,
-                params_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
-                use_distributed_optimizer=cfg.distributed_optimizer,
-            ),
-            [self.model],
-        )
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer,
-            init_lr=0.0 if cfg.lr_warmup_steps else cfg.lr,
-            max_lr=cfg.lr,
-            min_lr=cfg.min_lr,
-            lr_warmup_steps=cfg.lr_warmup_steps,
-            lr_decay_steps=max(cfg.lr_decay_steps, cfg.lr_warmup_steps + 1),
-            lr_decay_style=cfg.lr_decay_style,
-            start_wd=cfg.weight_decay,
-            end_wd=cfg.weight_decay,
-            wd_incr_steps=1,
-            wd_incr_style="constant",
-        )
+        self.weights = LearnerWeights(module, self.arch, self.transformer_impl, self.parallel)
+        self.weights.check_names()
+        self.weights.load_hf(model_dir)
+        self.model, self.optimizer, self.lr_schedule = build_training(module, cfg)
         self.version = 0  # policy version: number of optimizer steps taken
         self._offloaded = False
         self._host = PinnedOffload()  # pinned host buffers for the optimizer state while offloaded
@@ -130,102 +72,13 @@ class Learner:
     def module(self) -> torch.nn.Module:
         return self.model.module
 
-    def _load_hf(self, module: torch.nn.Module, model_dir: str | Path) -> None:
-        """Each parameter of this rank's stage, its tensor-parallel shard only, read from the HF
-        safetensors (slices only)."""
-        hf = HFTensors(model_dir)
-        rank, size = self._tp_rank_size()
-        with torch.no_grad():
-            for local, param in module.named_parameters():
-                name = self._global[local]
-                try:
-                    tensor = megatron_shard_from_hf(name, hf, self.arch, rank, size)
-                except KeyError as e:
-                    raise ModelFileError(f"{model_dir}: {e.args[0]}; the weights do not match config.json") from None
-                if tuple(tensor.shape) != tuple(param.shape):
-                    raise ModelFileError(
-                        f"{model_dir}: {name} has shape {tuple(tensor.shape)} (TP shard {rank}/{size}), the "
-                        f"model built from config.json expects {tuple(param.shape)}; the weights are from a "
-                        "different model"
-                    )
-                param.copy_(tensor)
-
-    def _check_names(self) -> None:
-        """This stage's parameters are exactly the table's (``megatron_param_names`` for this
-        layer spec): weight export at PP>1 walks the table on every rank, so a name the table
-        lacks would otherwise hang the other stages."""
-        pp, me = self.parallel.pipeline_parallel_size, self._pp_rank()
-        table = megatron_param_names(self.arch, self.transformer_impl)
-        expected = {n for n in table if pipeline_stage(n, self.arch, pp) == me}
-        if self.arch.tie_word_embeddings and pp > 1 and me == pp - 1:
-            expected.add("output_layer.weight")  # Megatron's copy of the tied embedding on the last stage
-        have = set(self._global.values())
-        if have != expected:
-            odd = sorted(have ^ expected)[0]
-            raise ModelFileError(
-                f"{self.transformer_impl} layer spec: parameter {odd} is {'not ' if odd in have else ''}in the "
-                "model but the name table (weight_sync/sharding.py megatron_param_names) says otherwise; "
-                "the table and this Megatron-Core version disagree"
-            )
-
-    @staticmethod
-    def _pp_rank() -> int:
-        from megatron.core import parallel_state as ps
-
-        return ps.get_pipeline_model_parallel_rank()
-
-    def _tp_rank_size(self) -> tuple[int, int]:
-        from megatron.core import parallel_state as ps
-
-        return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
-
-    def _gather_tp(self, name: str, local: torch.Tensor) -> torch.Tensor:
-        from megatron.core import parallel_state as ps
-
-        _, size = self._tp_rank_size()
-        if size == 1 or split_kind(name) == "replicated":
-            return local
-        shards = [torch.empty_like(local) for _ in range(size)]
-        dist.all_gather(shards, local.contiguous(), group=ps.get_tensor_model_parallel_group())
-        return unshard(name, shards)
-
     def full_named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Global Megatron names with full (TP=1) tensors, on every rank, one at a time: shards
-        are gathered over the tensor-parallel group and, at PP>1, broadcast from the stage that
-        holds them, so at most one full tensor is held at once."""
-        from megatron.core import parallel_state as ps
-
-        params = {self._global[n]: p.detach() for n, p in self.module.named_parameters()}
-        pp = self.parallel.pipeline_parallel_size
-        if pp == 1:
-            for name, p in params.items():
-                yield name, self._gather_tp(name, p)
-            return
-        group = ps.get_pipeline_model_parallel_group()
-        stage_ranks = dist.get_process_group_ranks(group)
-        me = ps.get_pipeline_model_parallel_rank()
-        for name in megatron_param_names(self.arch, self.transformer_impl):
-            owner = pipeline_stage(name, self.arch, pp)
-            # (ndim, size0, size1, dtype): 1-D or 2-D; the dtype is the owner's (under bf16 the local
-            # spec's norm weights stay fp32 while the linear weights are bf16)
-            header = torch.zeros(4, dtype=torch.int64, device=self.device)
-            if owner == me:
-                full = self._gather_tp(name, params[name])
-                header[0] = full.dim()
-                header[1 : 1 + full.dim()] = torch.tensor(full.shape)
-                header[3] = _WIRE_DTYPES.index(full.dtype)
-            dist.broadcast(header, stage_ranks[owner], group=group)
-            if owner != me:
-                dims, dtype = header[1 : 1 + int(header[0])].tolist(), _WIRE_DTYPES[int(header[3])]
-                full = torch.empty(dims, dtype=dtype, device=self.device)
-            dist.broadcast(full.contiguous(), stage_ranks[owner], group=group)
-            yield name, full
+        """Global Megatron names with full (TP=1) tensors, on every rank (``export.LearnerWeights``)."""
+        return self.weights.full_named_parameters()
 
     def hf_named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Current weights under HF names and layouts (for weight sync and export). Tensors may be
-        views of the parameters: copy them to keep them across an optimizer step."""
-        for name, full in self.full_named_parameters():
-            yield from megatron_to_hf({name: full}, self.arch)
+        """Current weights under HF names, on every rank (``export.LearnerWeights``); views: copy to keep."""
+        return self.weights.hf_named_tensors()
 
     # ----------------------------------------------------------------- colocation
     def offload(self) -> None:
@@ -250,7 +103,7 @@ class Learner:
             self._offloaded = False
 
     # ----------------------------------------------------------------- forward
-    def _plan(self, batch: TokenBatch, max_tokens: int) -> tuple[Plan, list[int]]:
+    def _plan(self, batch: TokenBatch, max_tokens: int) -> tuple[MicroBatchPlan, list[int]]:
         """Every data-parallel rank's micro-batches for ``batch`` (the same plan on every rank)."""
         lengths = batch.lengths()
         plan = plan_micro_batches(
@@ -264,10 +117,10 @@ class Learner:
         )
         if plan.oversize and not self._oversize_said:
             self._oversize_said = True
+            longest = max(lengths[i] for i in plan.oversize)
             print(
-                f"learner: {len(plan.oversize)} row(s) longer than the micro-batch token budget ({max_tokens}) "
-                f"run alone (longest {max(lengths[i] for i in plan.oversize)} tokens); raise the budget if "
-                "memory allows (said once)",
+                f"learner: {len(plan.oversize)} row(s) longer than the micro-batch token budget ({max_tokens}) run "
+                f"alone (longest {longest} tokens); raise the budget if memory allows (said once)",
                 flush=True,
             )
         return plan, lengths
@@ -296,7 +149,7 @@ class Learner:
             budget = self.cfg.logprob_max_tokens_per_micro_batch or budget
         plan, lengths = self._plan(batch, budget)
         self._count_pass(kind, plan.stats(lengths))
-        mine = plan.ranks[self._dp_rank()]
+        mine = plan.ranks[self.parallel.data_parallel_rank]
         parts: list[torch.Tensor] = []  # per micro-batch sums, kept on the device (no sync per micro-batch)
         causal_mask = self.transformer_impl == "local"  # TE's causal attention takes no mask
 
@@ -326,13 +179,8 @@ class Learner:
             sums = torch.stack(parts).sum(0)
         else:  # not the last stage, or no rows on this data-parallel rank
             sums = torch.zeros(len(keys) + 2, dtype=torch.float64, device=self.device)
-        sums = self._collect(sums)
+        sums = self.parallel.collect(sums, self.device)
         return dict(zip(("loss", "units", *keys), sums.tolist(), strict=True))
-
-    def _dp_rank(self) -> int:
-        from megatron.core import parallel_state as ps
-
-        return ps.get_data_parallel_rank()
 
     def _count_pass(self, kind: str, stats: dict[str, float]) -> None:
         mine = self._pass_stats.setdefault(kind, dict.fromkeys(stats, 0.0) | {"passes": 0.0})
@@ -373,23 +221,7 @@ class Learner:
             return torch.zeros((), device=self.device), 0, {}
 
         self._run(batch, loss_fn, (), kind="logprob")
-        return self._collect(out)
-
-    def _collect(self, out: torch.Tensor) -> torch.Tensor:
-        """A result computed on the last stage of each data-parallel rank (its rows, zeros
-        elsewhere), completed on every rank; returned on the CPU."""
-        from megatron.core import parallel_state as ps
-
-        if self.parallel.world_size == 1:
-            return out.cpu()
-        out = out.to(self.device)  # NCCL moves device tensors only
-        if self.parallel.pipeline_parallel_size > 1:
-            dist.broadcast(
-                out, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
-            )
-        if ps.get_data_parallel_world_size() > 1:
-            dist.all_reduce(out, group=ps.get_data_parallel_group())
-        return out.cpu()
+        return self.parallel.collect(out, self.device)
 
     # ----------------------------------------------------------------- updates
     def _step(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...] = ()) -> dict[str, float]:
@@ -423,7 +255,7 @@ class Learner:
         t_opt = time.perf_counter() - t_opt
         if grad_norm is not None and not math.isfinite(grad_norm):
             raise TrainingError(f"non-finite gradient norm at policy version {self.version}; lower the learning rate")
-        self.scheduler.step(1)
+        self.lr_schedule.step(1)
         self.version += 1
         out = {
             "loss": loss,
@@ -456,61 +288,34 @@ class Learner:
         behaviour_logp: torch.Tensor | None = None,
         units_scale: float = 1.0,
     ) -> dict:
-        """One optimizer step of the clipped surrogate over ``batch``, aggregated by
-        ``loss_cfg.agg`` over all of it (``algo.loss``: token-mean, or a mean over sequences).
+        """One optimizer step of ``algo.objective.rl_objective`` over ``batch`` (aggregated by
+        ``loss_cfg.agg`` over all of it); statistics are token means over the batch.
 
-        ``advantages: (N,)`` broadcast over each sequence's tokens. ``old_logp: (N, S-1)``, or
-        None: with one optimizer step per batch the old policy is the current one, so the
-        update's own forward gives them (detached; the ratio is 1 and its gradient is that of
-        log pi) and they come back as ``out["old_logp"]`` (saves the separate forward pass).
-        With ``loss_cfg.tis_cap > 0``, ``behaviour_logp: (N, S-1)`` (the engine's sampling
-        log-probs) gives each token's truncated importance weight ``min(pi_old / pi_behaviour,
-        cap)``, a constant that scales its advantage (``tis_weight_mean``, ``tis_truncated_frac``).
-        Statistics (clip fraction, entropy, KL) are token means over the whole batch.
-        ``units_scale``: this batch's aggregation units over those of the mini-batch it was taken
-        from (rows whose loss is zero left out by the caller): the loss is then divided by the
-        mini-batch's units, and the step is the one the whole mini-batch would have given.
-        """
-        tis = loss_cfg.tis_cap > 0
-        if tis and behaviour_logp is None:
-            raise ValueError("algo.loss.tis_cap > 0 needs the behaviour (engine) log-probs")
-        keys = ("clipfrac", "entropy", "kl", *(("tis_weight_mean", "tis_truncated_frac") if tis else ()))
+        ``advantages: (N,)``; ``old_logp``, ``ref_logp``, ``behaviour_logp``: ``(N, S-1)`` or None.
+        ``old_logp=None``: with one optimizer step per batch the old policy is the current one, so
+        the update's own forward gives them (detached: the ratio is 1, its gradient that of log pi)
+        and they come back as ``out["old_logp"]`` (saves a forward pass). ``units_scale``: see
+        ``rl_objective`` (rows of zero loss left out by the caller)."""
+        check_inputs(loss_cfg, behaviour_logp is not None)
         own = torch.zeros(batch.loss_mask.shape) if old_logp is None else None
-        row_weight, row_units = aggregation_weights(batch.loss_mask.sum(1), loss_cfg.agg, loss_cfg.norm_tokens)
-        row_weight = row_weight * units_scale
-        dev = self.device
 
         def loss_fn(mb, logits):
             rows, k = mb.rows, mb.columns
-            mask = batch.loss_mask[rows, :k].to(dev)
+
+            def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+                return None if t is None else t[rows, :k].to(self.device)
+
             logp, entropy = self._token_logp(logits, mb, temperature)
             if own is not None:
                 own[rows, :k] = logp.detach().float().cpu()
-                old = logp.detach()
-            else:
-                old = old_logp[rows, :k].to(dev)
-            ref = ref_logp[rows, :k].to(dev) if ref_logp is not None else None
-            adv = advantages[rows, None].to(dev)
-            extra = {"tokens": mask.sum()}
-            if tis:
-                raw = torch.exp(old - behaviour_logp[rows, :k].to(dev))
-                adv = adv * raw.clamp(max=loss_cfg.tis_cap)
-                extra |= {
-                    "tis_weight_mean": (raw.clamp(max=loss_cfg.tis_cap) * mask).sum(),
-                    "tis_truncated_frac": ((raw > loss_cfg.tis_cap) * mask).sum(),
-                }
-            loss, stats = policy_loss(logp, old, adv, loss_cfg, ref, entropy)
-            extra |= {
-                "clipfrac": (stats["clipped"] * mask).sum(),
-                "entropy": (entropy.detach() * mask).sum(),
-                "kl": (stats["kl"] * mask).sum() if "kl" in stats else 0.0,
-            }
-            weighted = (loss * mask).sum(1) * row_weight[rows].to(dev)
-            return weighted.sum(), row_units[rows].sum(), extra
+            old = logp.detach() if own is not None else cut(old_logp)
+            given = {"behaviour_logp": cut(behaviour_logp), "ref_logp": cut(ref_logp), "units_scale": units_scale}
+            adv = advantages[rows].to(self.device)
+            return rl_objective(logp, entropy, old, adv, cut(batch.loss_mask), loss_cfg, **given)
 
-        out: dict = self._step(batch, loss_fn, keys)
+        out: dict = self._step(batch, loss_fn, stat_keys(loss_cfg))
         if own is not None:
-            out["old_logp"] = self._collect(own)
+            out["old_logp"] = self.parallel.collect(own, self.device)
         return out
 
     # ----------------------------------------------------------------- checkpoint
@@ -525,16 +330,3 @@ class Learner:
         A checkpoint of a different model is refused before anything is changed."""
         self.onload()
         self.version = load_state(self, Path(path))
-
-
-def _global_names(module: torch.nn.Module) -> dict[str, str]:
-    """Local parameter name -> global Megatron name (a stage numbers its layers from 0; the
-    model's layer ``i`` is ``layer_number - 1``)."""
-    out = {}
-    for local, _ in module.named_parameters():
-        name = local
-        if local.startswith("decoder.layers."):
-            i, rest = local[len("decoder.layers.") :].split(".", 1)
-            name = f"decoder.layers.{module.decoder.layers[int(i)].layer_number - 1}.{rest}"
-        out[local] = name
-    return out

@@ -51,7 +51,7 @@ class MicroBatch:
 
 
 @dataclass(frozen=True)
-class Plan:
+class MicroBatchPlan:
     """Micro-batches of each data-parallel rank, and the rows that exceeded the budget alone."""
 
     ranks: tuple[tuple[MicroBatch, ...], ...]
@@ -95,7 +95,7 @@ def plan_micro_batches(
     packed: bool = False,
     align: int = 1,
     attention_tokens: float = math.inf,
-) -> Plan:
+) -> MicroBatchPlan:
     """Plan a pass over rows of ``lengths`` tokens (each >= 1) on ``data_parallel_size`` ranks.
 
     Every row lands in exactly one micro-batch of exactly one rank; a rank gets at least one row
@@ -109,14 +109,14 @@ def plan_micro_batches(
             mine = range(r * n // dp, (r + 1) * n // dp)  # contiguous shares that differ by at most one row
             cuts = [tuple(mine[i : i + rows_per_micro_batch]) for i in range(0, len(mine), rows_per_micro_batch)]
             ranks.append(tuple(_layout(rows, lengths, packed, align) for rows in cuts))
-        return Plan(tuple(ranks))
+        return MicroBatchPlan(tuple(ranks))
     shares = _deal(lengths, dp, attention_tokens)
     ranks, oversize = [], []
     for rows in shares:
         cut, big = _fill(sorted(rows, key=lambda i: (-lengths[i], i)), lengths, max_tokens, packed, align)
         ranks.append(cut)
         oversize.extend(big)
-    return Plan(tuple(ranks), tuple(sorted(oversize)))
+    return MicroBatchPlan(tuple(ranks), tuple(sorted(oversize)))
 
 
 def _deal(lengths: Sequence[int], dp: int, attention_tokens: float) -> list[list[int]]:

@@ -1,4 +1,5 @@
-"""Build a Megatron-Core ``GPTModel`` from an HF architecture spec."""
+"""Build a Megatron-Core ``GPTModel`` from an HF architecture spec, and what trains it (the
+data-parallel wrapper, the optimizer and the learning-rate schedule)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import importlib.util
 
 import torch
 
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.parallel import ParallelState
 from pc_megatron.model.arch import ArchSpec
 
 
@@ -16,15 +19,21 @@ def resolve_transformer_impl(requested: str) -> str:
     return "transformer_engine" if torch.cuda.is_available() and te else "local"
 
 
-def transformer_config(arch: ArchSpec, bf16: bool, fp8: str = "", fp8_recipe: str = "delayed", sp: bool = False):
-    from megatron.core import parallel_state as ps
+def transformer_config(
+    arch: ArchSpec,
+    parallel: ParallelState,
+    bf16: bool,
+    fp8: str = "",
+    fp8_recipe: str = "delayed",
+    sp: bool = False,
+):
     from megatron.core.transformer import TransformerConfig
 
     on_gpu = torch.cuda.is_available()
-    pp = ps.get_pipeline_model_parallel_world_size()
+    pp = parallel.pipeline_parallel_size
     dtype = torch.bfloat16 if bf16 else torch.float32
     return TransformerConfig(
-        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        tensor_model_parallel_size=parallel.tensor_parallel_size,
         pipeline_model_parallel_size=pp,
         pipeline_dtype=dtype,
         # micro-batches differ in rows (the last one) and length (batches are padded per step):
@@ -65,12 +74,17 @@ def transformer_config(arch: ArchSpec, bf16: bool, fp8: str = "", fp8_recipe: st
 
 
 def build_gpt_model(
-    arch: ArchSpec, transformer_impl: str, bf16: bool, fp8: str = "", fp8_recipe: str = "delayed", sp: bool = False
+    arch: ArchSpec,
+    parallel: ParallelState,
+    transformer_impl: str,
+    bf16: bool,
+    fp8: str = "",
+    fp8_recipe: str = "delayed",
+    sp: bool = False,
 ):
     """Megatron-Core GPTModel for ``arch``: this rank's pipeline stage (its layers, plus the
     embedding on the first stage and the output layer on the last). FP8 and sequence
     parallelism need the TE spec on a GPU; asking for them elsewhere is a ConfigError."""
-    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
@@ -89,7 +103,7 @@ def build_gpt_model(
         # the local attention plus packed (THD) micro-batches; unpacked input takes the parent's path
         layer_spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
     model = GPTModel(
-        config=transformer_config(arch, bf16, fp8, fp8_recipe, sp),
+        config=transformer_config(arch, parallel, bf16, fp8, fp8_recipe, sp),
         transformer_layer_spec=layer_spec,
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
@@ -99,9 +113,59 @@ def build_gpt_model(
         rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         parallel_output=False,  # full-vocabulary logits on every TP rank (gathered by the output layer)
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
+        pre_process=parallel.first_stage,
+        post_process=parallel.last_stage,
     )
     if torch.cuda.is_available():
         model = model.cuda()
     return model
+
+
+def build_training(module: torch.nn.Module, cfg: LearnerConfig):
+    """``(model, optimizer, lr_schedule)`` for this stage's ``module``: Megatron-Core's
+    DistributedDataParallel around it (gradients reduced in fp32), its Adam (distributed or not)
+    and the learning-rate schedule (linear warm-up, then ``cfg.lr_decay_style`` to ``min_lr``)."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    module.config.finalize_model_grads_func = finalize_model_grads
+    model = DistributedDataParallel(
+        module.config,
+        DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=cfg.distributed_optimizer),
+        module,
+    )
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=cfg.lr,
+            min_lr=cfg.min_lr,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            adam_eps=cfg.adam_eps,
+            clip_grad=cfg.clip_grad,
+            bf16=cfg.bf16,
+            params_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
+            use_distributed_optimizer=cfg.distributed_optimizer,
+        ),
+        [model],
+    )
+    lr_schedule = OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if cfg.lr_warmup_steps else cfg.lr,
+        max_lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        lr_warmup_steps=cfg.lr_warmup_steps,
+        lr_decay_steps=max(cfg.lr_decay_steps, cfg.lr_warmup_steps + 1),
+        lr_decay_style=cfg.lr_decay_style,
+        start_wd=cfg.weight_decay,
+        end_wd=cfg.weight_decay,
+        wd_incr_steps=1,
+        wd_incr_style="constant",
+    )
+    return model, optimizer, lr_schedule

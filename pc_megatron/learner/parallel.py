@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -11,12 +11,48 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class ParallelState:
+    """This process's place in the TP x PP x DP layout: sizes, its ranks in each group, and the
+    groups themselves (``torch.distributed`` process groups), read from Megatron-Core once."""
+
     world_size: int
     rank: int
     tensor_parallel_size: int
     pipeline_parallel_size: int
     data_parallel_size: int
     backend: str
+    tensor_parallel_rank: int
+    pipeline_parallel_rank: int
+    data_parallel_rank: int
+    pipeline_ranks: tuple[int, ...]
+    """Global ranks of this rank's pipeline group, by stage."""
+    tensor_group: dist.ProcessGroup = field(compare=False, repr=False)
+    pipeline_group: dist.ProcessGroup = field(compare=False, repr=False)
+    data_group: dist.ProcessGroup = field(compare=False, repr=False)
+
+    @property
+    def pipeline_last_rank(self) -> int:
+        """Global rank of the last stage of this rank's pipeline (where the loss is computed)."""
+        return self.pipeline_ranks[-1]
+
+    @property
+    def first_stage(self) -> bool:
+        return self.pipeline_parallel_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pipeline_parallel_rank == self.pipeline_parallel_size - 1
+
+    def collect(self, out: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A result computed on the last stage of each data-parallel rank (its rows, zeros
+        elsewhere), completed on every rank (collective); returned on the CPU."""
+        if self.world_size == 1:
+            return out.cpu()
+        out = out.to(device)  # NCCL moves device tensors only
+        if self.pipeline_parallel_size > 1:
+            dist.broadcast(out, self.pipeline_last_rank, group=self.pipeline_group)
+        if self.data_parallel_size > 1:
+            dist.all_reduce(out, group=self.data_group)
+        return out.cpu()
 
 
 def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> ParallelState:
@@ -61,12 +97,20 @@ def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
             f"PP={ps.get_pipeline_model_parallel_world_size()} groups; a learner at TP={tensor_parallel_size} x "
             f"PP={pipeline_parallel_size} needs its own process (one parallel layout per process)"
         )
-    world = dist.get_world_size()
-    return ParallelState(
-        world_size=world,
+    pipeline_group = ps.get_pipeline_model_parallel_group()
+    state = ParallelState(
+        world_size=dist.get_world_size(),
         rank=dist.get_rank(),
         tensor_parallel_size=ps.get_tensor_model_parallel_world_size(),
         pipeline_parallel_size=ps.get_pipeline_model_parallel_world_size(),
         data_parallel_size=ps.get_data_parallel_world_size(),
         backend=backend,
+        tensor_parallel_rank=ps.get_tensor_model_parallel_rank(),
+        pipeline_parallel_rank=ps.get_pipeline_model_parallel_rank(),
+        data_parallel_rank=ps.get_data_parallel_rank(),
+        pipeline_ranks=tuple(dist.get_process_group_ranks(pipeline_group)),
+        tensor_group=ps.get_tensor_model_parallel_group(),
+        pipeline_group=pipeline_group,
+        data_group=ps.get_data_parallel_group(),
     )
+    return state

@@ -1,6 +1,6 @@
 """The scheduler's settings (``scheduler.*``): which allocation policy, and the knobs of each.
 
-The choices are ``Literal`` types, so OmegaConf rejects a bad one when a recipe or an override is
+The choices are ``Literal`` types, so the config loader rejects a bad one when a recipe or an override is
 read (``pc_megatron/config.py`` names the choices); ``validate`` says the same for a config built in
 code.
 """
@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pc_megatron.errors import ConfigError
+from pc_megatron.errors import ConfigError, check_choices
 
 PolicyName = Literal["grpo", "dapo", "pilot_commit", "adaptive"]
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 Selection = Literal["random", "max_variance"]
-SELECTIONS: tuple[str, ...] = get_args(Selection)
 
 
 @dataclass
@@ -86,10 +85,7 @@ class SchedulerConfig:
         return self.pilot_samples or max(1, samples_per_prompt // 4)
 
     def validate(self) -> None:
-        if self.policy not in POLICY_NAMES:
-            raise ConfigError(f"scheduler.policy: '{self.policy}' is not one of {', '.join(POLICY_NAMES)}")
-        if self.selection not in SELECTIONS:
-            raise ConfigError(f"scheduler.selection: '{self.selection}' is not one of {', '.join(SELECTIONS)}")
+        check_choices(self, "scheduler")
         if not 0 <= self.p_lower <= self.p_upper <= 1 or self.p_evict <= self.p_upper:
             raise ConfigError("scheduler: need 0 <= p_lower <= p_upper <= 1 and p_evict > p_upper (> 1: never evict)")
         if self.gen_prompts_multiplier < 1 or self.max_rounds < 1 or self.max_off_steps < 0:

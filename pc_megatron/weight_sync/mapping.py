@@ -22,6 +22,24 @@ import torch
 
 from pc_megatron.model.arch import ArchSpec
 
+LAYER_PREFIX = "decoder.layers."
+"""Megatron names a transformer layer's parameters ``decoder.layers.{i}.{rest}``."""
+
+
+def layer_index(name: str) -> tuple[int, str] | None:
+    """``(i, rest)`` of Megatron parameter ``decoder.layers.{i}.{rest}``; None for a parameter outside
+    the transformer layers (embedding, final norm, output layer). The one parser of layer names."""
+    if not name.startswith(LAYER_PREFIX):
+        return None
+    i, rest = name[len(LAYER_PREFIX) :].split(".", 1)
+    return int(i), rest
+
+
+def layer_name(i: int, rest: str) -> str:
+    """The Megatron name of parameter ``rest`` of layer ``i`` (the inverse of ``layer_index``)."""
+    return f"{LAYER_PREFIX}{i}.{rest}"
+
+
 _LAYER_SIMPLE = {
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
     "mlp.linear_fc2.weight": "mlp.down_proj.weight",
@@ -63,6 +81,7 @@ def megatron_to_hf(params: Mapping[str, torch.Tensor], arch: ArchSpec) -> Iterat
     for name, t in params.items():
         if name.endswith("_extra_state"):
             continue
+        layer = layer_index(name)
         if name == "embedding.word_embeddings.weight":
             yield "model.embed_tokens.weight", t
         elif name == "decoder.final_layernorm.weight":
@@ -70,8 +89,8 @@ def megatron_to_hf(params: Mapping[str, torch.Tensor], arch: ArchSpec) -> Iterat
         elif name == "output_layer.weight":
             if not arch.tie_word_embeddings:
                 yield "lm_head.weight", t
-        elif name.startswith("decoder.layers."):
-            idx, rest = name[len("decoder.layers.") :].split(".", 1)
+        elif layer is not None:
+            idx, rest = layer
             prefix = f"model.layers.{idx}."
             if rest in _LAYER_SIMPLE:
                 yield prefix + _LAYER_SIMPLE[rest], t

@@ -26,6 +26,7 @@ import torch
 from pc_megatron.errors import ModelFileError
 from pc_megatron.model.arch import ArchSpec
 from pc_megatron.weight_sync import mapping
+from pc_megatron.weight_sync.mapping import layer_index, layer_name
 
 
 def megatron_param_names(arch: ArchSpec, transformer_impl: str = "local") -> list[str]:
@@ -40,7 +41,7 @@ def megatron_param_names(arch: ArchSpec, transformer_impl: str = "local") -> lis
     te = transformer_impl == "transformer_engine"
     names = ["embedding.word_embeddings.weight"]
     for i in range(arch.num_layers):
-        p = f"decoder.layers.{i}."
+        p = layer_name(i, "")
         attn_norm = p + ("self_attention.linear_qkv.layer_norm_weight" if te else "input_layernorm.weight")
         mlp_norm = p + ("mlp.linear_fc1.layer_norm_weight" if te else "pre_mlp_layernorm.weight")
         names += [attn_norm, p + "self_attention.linear_proj.weight", p + "self_attention.linear_qkv.weight"]
@@ -92,8 +93,9 @@ def pipeline_stage(name: str, arch: ArchSpec, pp: int) -> int:
     """The pipeline stage that holds Megatron parameter ``name`` (global layer numbering)."""
     if name.startswith("embedding."):
         return 0
-    if name.startswith("decoder.layers."):
-        return int(name.split(".")[2]) // (arch.num_layers // pp)
+    layer = layer_index(name)
+    if layer is not None:
+        return layer[0] // (arch.num_layers // pp)
     return pp - 1  # final norm, output layer
 
 
@@ -196,9 +198,10 @@ def megatron_shard_from_hf(name: str, hf: HFTensors, arch: ArchSpec, rank: int, 
     if name == "output_layer.weight":
         key = "lm_head.weight" if "lm_head.weight" in hf else "model.embed_tokens.weight"
         return hf.read(key, 0, part)
-    if not name.startswith("decoder.layers."):
+    layer = layer_index(name)
+    if layer is None:
         raise KeyError(f"no HF mapping for Megatron parameter {name}")
-    idx, rest = name[len("decoder.layers.") :].split(".", 1)
+    idx, rest = layer
     p = f"model.layers.{idx}."
     if rest in mapping._LAYER_SIMPLE:  # one HF tensor: whole (norms) or a row-parallel column block
         return hf.read(p + mapping._LAYER_SIMPLE[rest], 1 if split_kind(name) == "cols" else None, part)

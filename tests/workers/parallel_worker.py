@@ -67,7 +67,7 @@ def shape_check(folder: str, out: Path, tp: int, pp: int) -> None:
         learner = Learner(folder, cfg, seed=0)
         old = learner.logprobs(batch)
         stats = learner.train_rl(batch, old, adv, LossConfig(), 1.0)
-        grads = {learner._global[n]: p.main_grad.clone() for n, p in learner.module.named_parameters()}
+        grads = {learner.weights.global_name[n]: p.main_grad.clone() for n, p in learner.module.named_parameters()}
         where = {
             "tp": ps.get_tensor_model_parallel_rank(),
             "pp": ps.get_pipeline_model_parallel_rank(),
@@ -96,7 +96,7 @@ def main() -> None:
     folders = sys.argv[6:] if mode == "resume" else sys.argv[5:]
     torch.set_num_threads(1)
     if os.environ.get("PCM_BAD_GLU_SHARD"):  # negative control: fc1 = [gate; up] cut in plain row blocks
-        import pc_megatron.learner.learner as lm
+        import pc_megatron.learner.export as lm
 
         real = lm.megatron_shard_from_hf
 
