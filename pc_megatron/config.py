@@ -195,6 +195,11 @@ def validate(cfg: RunConfig) -> None:
             "data.train_path needs held-out data: set data.eval_path or eval.sets (held-out accuracy needs one)"
         )
     cfg.rollout.weight_sync.check_runtime(cfg.runtime)
+    if cfg.rollout.max_staleness and cfg.runtime == "ray" and cfg.ray.placement == "colocated":
+        raise ConfigError(
+            f"rollout.max_staleness={cfg.rollout.max_staleness} makes batches while the learner trains: the engines "
+            "need devices of their own, set ray.placement=split (colocated engines sleep while the learner trains)"
+        )
     cfg.reward.validate()
     cfg.scheduler.validate()
     if cfg.scheduler.pilot_samples >= cfg.algo.samples_per_prompt:

@@ -17,13 +17,13 @@ import contextlib
 import dataclasses
 import hashlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from pc_megatron.algo.config import LossConfig
+from pc_megatron.algo.config import AlgoConfig
 from pc_megatron.algo.update import rl_update
 from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
 from pc_megatron.config import RunConfig, to_yaml
@@ -35,6 +35,14 @@ from pc_megatron.preemption import RunStopped, StopRequests, record_processes
 from pc_megatron.prepare import prepare_run
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.generate import Rollouts
+from pc_megatron.rollout.producer import (
+    LEARNER_PHASES,
+    EngineGate,
+    InlineProducer,
+    Produced,
+    ThreadedProducer,
+    staleness_metrics,
+)
 from pc_megatron.runtime import Runtime, build_runtime
 from pc_megatron.scheduler import Scheduler
 
@@ -53,6 +61,9 @@ class LoopState:
     step: int = 0
     wall_s: float = 0.0
     last_eval_accuracy: float = float("nan")
+    update_versions: list[int] = field(default_factory=list)
+    """The learner's version after each update so far: a sample's staleness is how many of them lie
+    between its weights and the ones it trains (``rollout.producer.staleness_metrics``)."""
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, capture=None) -> dict:
@@ -127,6 +138,7 @@ def _run(
     scheduler = Scheduler(cfg.scheduler, len(task.train), B, n, seed=cfg.seed)
     params = cfg.rollout.sampling()
     loss_cfg = dataclasses.replace(cfg.algo.loss, norm_tokens=cfg.algo.loss.norm_tokens or cfg.rollout.max_new_tokens)
+    algo = dataclasses.replace(cfg.algo, loss=loss_cfg)
     rollouts = Rollouts(fleet, rewards, tokenizer, task.train, params, lambda s, k: stream_seed(cfg.seed, s, 1 + k))
     loop = LoopState()
     found = load_latest(run_dir / "checkpoints") if resume else None
@@ -138,20 +150,23 @@ def _run(
         set_rng_state(state["rng"])
     wall_at_start = loop.wall_s
     metrics = MetricsLog(run_dir, resume_step=loop.step if found else -1)  # later rows are redone
+    gate = EngineGate(cfg.rollout.timeout_s)
     runtime.sync_weights()
     learner.offload()
+    producer = make_producer(cfg.rollout.max_staleness, scheduler, rollouts, gate, lambda: fleet.weight_version)
 
     expected_rows = expected_eval_set(cfg.data, cfg.eval.expected, task)
 
     def run_eval(step: int) -> dict[str, float]:
         seed = stream_seed(cfg.seed, step, 0)
-        out = evaluate(fleet, tokenizer, task.eval, cfg.eval, rewards, params, seed) if task.eval else {}
-        if task.sets:
-            sets = evaluate_sets(fleet, tokenizer, task.sets, cfg.eval, rewards, params, seed)
-            for key in ("eval/reward_timeouts", "eval/reward_errors"):  # counted over every evaluation call
-                sets[key] += out.get(key, 0)
-            out |= sets
-            out.setdefault("eval_accuracy", out["eval/mean"])
+        with gate.hold(f"the held-out evaluation at step {step}", generating=True):
+            out = evaluate(fleet, tokenizer, task.eval, cfg.eval, rewards, params, seed) if task.eval else {}
+            if task.sets:
+                sets = evaluate_sets(fleet, tokenizer, task.sets, cfg.eval, rewards, params, seed)
+                for key in ("eval/reward_timeouts", "eval/reward_errors"):  # counted over every evaluation call
+                    sets[key] += out.get(key, 0)
+                out |= sets
+                out.setdefault("eval_accuracy", out["eval/mean"])
         if expected_rows:
             mix = dict(cfg.data.synthetic.mix)
             out |= expected_accuracy(learner, tokenizer, expected_rows, params.temperature, mix)
@@ -165,65 +180,90 @@ def _run(
         metrics.write({**row, **times.metrics()})
     steps = range(loop.step + 1, cfg.steps + 1)
     bar = tqdm(steps, cfg.scheduler.policy, initial=loop.step, total=cfg.steps, disable=not cfg.progress)
-    for step in bar:
-        with capture.step(step) if capture else contextlib.nullcontext():
-            eval_now = run_eval if capture is None and (step % cfg.eval.every_steps == 0 or step == cfg.steps) else None
-            row = _step(cfg, step, scheduler, rollouts, runtime, loss_cfg, eval_now)
-        metrics.write(row)
-        bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.2f}", acc=f"{loop.last_eval_accuracy:.3f}")
-        last = step == cfg.steps and capture is None
-        stopping = stop.signum is not None and capture is None
-        scheduled = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
-        if scheduled or last or (stopping and cfg.checkpoint.on_signal):
-            loop.step, loop.wall_s = step, wall_at_start + time.time() - t_start
-            state = {"scheduler": scheduler.state_dict(), "loop": asdict(loop)}
-            save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, policy_dir, learner)
-            record_processes(run_dir)  # the checkpoint writer's helper starts with the first save
-        if stopping and not last:
-            bar.close()
-            metrics.close()
-            raise RunStopped(stop.signum, run_dir, step, saved=bool(scheduled or cfg.checkpoint.on_signal))
-    bar.close()
-    metrics.close()
+    producer.start(loop.step + 1, cfg.steps, weights_step=loop.step)
+    try:
+        for step in bar:
+            with capture.step(step) if capture else contextlib.nullcontext():
+                every = step % cfg.eval.every_steps == 0 or step == cfg.steps
+                eval_now = run_eval if capture is None and every else None
+                row, made = _step(cfg, step, producer, runtime, gate, algo, rollouts, loop, eval_now)
+            metrics.write(row)
+            bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.2f}", acc=f"{loop.last_eval_accuracy:.3f}")
+            last = step == cfg.steps and capture is None
+            stopping = stop.signum is not None and capture is None
+            scheduled = cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0
+            if scheduled or last or (stopping and cfg.checkpoint.on_signal):
+                loop.step, loop.wall_s = step, wall_at_start + time.time() - t_start
+                # the scheduler as it was when this step's batch was made: batches made ahead are made again
+                state = {"scheduler": made.scheduler_state, "loop": asdict(loop)}
+                save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, policy_dir, learner)
+                record_processes(run_dir)  # the checkpoint writer's helper starts with the first save
+            if stopping and not last:
+                raise RunStopped(stop.signum, run_dir, step, saved=bool(scheduled or cfg.checkpoint.on_signal))
+    finally:
+        producer.close()
+        bar.close()
+        metrics.close()
     return summarize(cfg.steps, cfg.scheduler.policy, run_dir, wall_at_start + time.time() - t_start)
+
+
+def make_producer(max_staleness: int, scheduler: Scheduler, rollouts: Rollouts, gate: EngineGate, version):
+    """The producer of the loop's batches: made in the loop at η = 0, ahead in a thread at η >= 1."""
+    if max_staleness == 0:
+        return InlineProducer(scheduler, rollouts, gate, version)
+    return ThreadedProducer(scheduler, rollouts, gate, version, max_staleness, gate.timeout_s)
 
 
 def _step(
     cfg: RunConfig,
     step: int,
-    scheduler: Scheduler,
-    rollouts: Rollouts,
+    producer: InlineProducer | ThreadedProducer,
     runtime: Runtime,
-    loss_cfg: LossConfig,
+    gate: EngineGate,
+    algo: AlgoConfig,
+    rollouts: Rollouts,
+    loop: LoopState,
     eval_now,
-) -> dict:
-    """One RL step (``eval_now``: the held-out evaluation, when this step has one): its metrics row."""
+) -> tuple[dict, Produced]:
+    """One RL step (``eval_now``: the held-out evaluation, when this step has one): its metrics row, and
+    the batch it trained."""
     learner, fleet = runtime.learner, runtime.fleet
     t_step, times = time.perf_counter(), PhaseTimes()
-    rollouts.begin_step(step, times)
-    with times("scheduler"):  # its own decisions; the fleet and reward calls it makes are timed apart
-        allocation = scheduler.next_batch(step, rollouts, policy_version=learner.version)
-    row = {"step": step, **allocation.metrics(), **rollouts.metrics()}
+    made = producer.take(step, times)
+    allocation = made.allocation
+    row = {"step": step, **allocation.metrics(), **made.counters}
+    if producer.max_staleness:  # made while earlier steps trained: its phases are not this step's
+        row |= {f"time/producer_{k}_s": v for k, v in made.seconds.items()}
+    row |= staleness_metrics(allocation.groups, loop.update_versions, learner.version)
     if allocation.groups:
-        with times("engine_sleep"):
-            fleet.sleep()
+        if not producer.max_staleness:  # colocated engines free the GPU (ahead-made batches need it awake)
+            with times("engine_sleep"):
+                fleet.sleep()
         row |= rl_update(
             learner,
             runtime.ref_learner,
             allocation.groups,
             rollouts.prompt_ids,
             rollouts.tokenizer,
-            dataclasses.replace(cfg.algo, loss=loss_cfg),
+            algo,
             rollouts.params.temperature,
             times,
             min_rows=cfg.learner.data_parallel_size,
         )
         with times("sync"):
-            row |= runtime.sync_weights()
+            with gate.hold(f"the weight sync after step {step}"):
+                row |= runtime.sync_weights()
             learner.offload()
+        loop.update_versions.append(learner.version)
         row["engine_weight_version"] = fleet.weight_version
+    producer.weights_updated(step)
     row["policy_version"] = learner.version
     if eval_now is not None:
         with times("eval"):
             row |= eval_now(step)
-    return {**row, **times.metrics(), "time_step_s": time.perf_counter() - t_step}
+    t_end = time.perf_counter()
+    row |= {
+        "time/learner_busy_s": sum(times.seconds.get(k, 0.0) for k in LEARNER_PHASES),
+        "time/engine_busy_s": gate.busy_within(t_step, t_end),
+    }
+    return {**row, **times.metrics(), "time_step_s": t_end - t_step}, made

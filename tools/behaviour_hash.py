@@ -83,11 +83,13 @@ def scheduler_hashes(steps: int = 40) -> dict[str, str]:
     return out
 
 
+IGNORED: list[str] = []  # key prefixes left out as well (--ignore): metrics a change adds
+
+
 def _metrics_hash(run_dir: Path) -> str:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    kept = [
-        {k: v for k, v in r.items() if not k.startswith(_CLOCK_PREFIX) and not k.endswith(_CLOCK_SUFFIX)} for r in rows
-    ]
+    skip = (*_CLOCK_PREFIX, *IGNORED)
+    kept = [{k: v for k, v in r.items() if not k.startswith(skip) and not k.endswith(_CLOCK_SUFFIX)} for r in rows]
     return _digest(kept)
 
 
@@ -107,7 +109,7 @@ def _train(run_dir: Path, overrides: list[str]) -> str:
     return _metrics_hash(run_dir)
 
 
-def train_hashes(steps: int) -> dict[str, str]:
+def train_hashes(steps: int, extra: list[str]) -> dict[str, str]:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for policy in ("grpo", "pilot_commit", "adaptive"):
@@ -118,14 +120,15 @@ def train_hashes(steps: int) -> dict[str, str]:
                 "checkpoint.every_steps=0",
                 f"scheduler.policy={policy}",
                 "algo.prompts_per_step=16",
+                *extra,
             ]
             out[f"train/{policy}/steps={steps}"] = _train(Path(tmp) / policy, over)
     return out
 
 
-def default_hash() -> dict[str, str]:
+def default_hash(extra: list[str]) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
-        return {"default": _train(Path(tmp) / "default", [])}
+        return {"default": _train(Path(tmp) / "default", extra)}
 
 
 def convert_hash() -> dict[str, str]:
@@ -161,12 +164,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", nargs="+", choices=["scheduler", "train", "default", "convert"])
     ap.add_argument("--steps", type=int, default=6, help="RL steps of each `train` run")
+    ap.add_argument("--ignore", nargs="+", default=[], metavar="PREFIX", help="metric keys left out (new ones)")
+    ap.add_argument("--overrides", nargs="+", default=[], metavar="KEY=VALUE", help="added to `train`/`default`")
     args = ap.parse_args()
+    IGNORED.extend(args.ignore)
     for what in args.what:
         res = {
             "scheduler": scheduler_hashes,
-            "train": lambda: train_hashes(args.steps),
-            "default": default_hash,
+            "train": lambda: train_hashes(args.steps, args.overrides),
+            "default": lambda: default_hash(args.overrides),
             "convert": convert_hash,
         }[what]()
         for name, digest in res.items():

@@ -148,7 +148,16 @@ class RolloutConfig:
     replicas: int = 1
     """Engine replicas (runtime=ray); a request list is split across them by samples."""
     timeout_s: float = 1800.0
-    """Deadline of one engine call under runtime=ray (a hung engine fails the step with a clear error)."""
+    """Deadline of one engine call under runtime=ray (a hung engine fails the step with a clear error),
+    and of every wait for the engines: a weight sync or an evaluation waiting for a generate call, the
+    loop waiting for a batch made ahead."""
+    max_staleness: int = 0
+    """η, in updates: how old a trained batch may be. 0 = the synchronous loop (generate, then train,
+    then sync). η >= 1: the engines make the next batches while the learner trains, a batch started
+    only when the weights it starts with will be at most η updates old when it is trained (bounded by
+    admission, not by discarding work; ``rollout/staleness_max`` each step). Needs engines on devices
+    of their own: ``ray.placement=split`` (or ``runtime=local`` on CPU). A weight sync waits for the
+    generate call in flight (drain); the correction for stale samples is ``algo.loss.correction``."""
     vllm: VllmConfig = field(default_factory=VllmConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
@@ -163,6 +172,8 @@ class RolloutConfig:
             raise ConfigError("rollout.max_new_tokens must be >= 1")
         if self.replicas < 1 or self.timeout_s <= 0:
             raise ConfigError("rollout.replicas must be >= 1 and rollout.timeout_s > 0")
+        if self.max_staleness < 0:
+            raise ConfigError(f"rollout.max_staleness={self.max_staleness}: must be >= 0 (0 = the synchronous loop)")
         v = self.vllm
         if v.tensor_parallel_size < 1 or v.max_num_seqs < 1 or v.max_model_len < 0:
             raise ConfigError("rollout.vllm: tensor_parallel_size and max_num_seqs must be >= 1, max_model_len >= 0")
