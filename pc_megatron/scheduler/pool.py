@@ -10,6 +10,7 @@ its own decisions (``counts["skipped_easy"]`` and the like) and the step's ``pil
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from itertools import accumulate
@@ -144,12 +145,46 @@ class PromptPool:
             if selection == "random":
                 entries = random.Random(f"{self.seed}/select/{step}/{rnd}").sample(entries, need)
             else:
-                entries.sort(key=lambda e: (-e.p_hat * (1 - e.p_hat), -e.seq, e.prompt))
+                entries.sort(key=self.priority)
                 entries = entries[:need]
         # the running commit cost only grows, so the entries that fit are a prefix
         entries = entries[: sum(1 for total in accumulate(n - len(e.samples) for e in entries) if total <= budget)]
         self._take(entries)
         return entries
+
+    @staticmethod
+    def priority(e: Entry) -> tuple[float, int, int]:
+        """``max_variance``'s order (smallest first): p̂(1 - p̂) high first, ties to the most recent pilot
+        batch, then to the smaller prompt."""
+        return (-e.p_hat * (1 - e.p_hat), -e.seq, e.prompt)
+
+    def surely_selected(
+        self, need: int, taken: set[int], selection: Selection, unscored: list[int], seq: int, best_variance: float
+    ) -> list[Entry]:
+        """The buffered entries that ``select(..., need, taken, selection, ...)`` will take whatever the
+        pilots still generating (``unscored``: their prompts, of pilot batch ``seq``) come back with,
+        each of which can at best be buffered with p̂(1 - p̂) = ``best_variance``. Taken out of the
+        buffer (a streamed round commits them at once). Without a budget: ``select``'s prefix."""
+        entries = [e for e in self.buffer.values() if e.prompt not in taken]
+        if len(entries) + len(unscored) <= need:  # every candidate is taken, in any order
+            sure = entries
+        elif selection == "random":
+            sure = []  # the draw needs every candidate
+        else:
+            ranked = sorted(entries, key=self.priority)
+            best = sorted((-best_variance, -seq, p) for p in unscored)
+            sure = []
+            for rank, e in enumerate(ranked):  # e's rank among the known, plus the unscored that could pass it
+                if rank + bisect.bisect_left(best, self.priority(e)) >= need:
+                    break
+                sure.append(e)
+        self._take(sure)
+        return sure
+
+    def selection_order(self, entries: list[Entry], truncated: bool) -> list[Entry]:
+        """``entries`` in the order ``select`` lists them: by prompt when it took every candidate, by
+        ``max_variance``'s priority when it had to choose (``truncated``)."""
+        return sorted(entries, key=self.priority if truncated else (lambda e: e.prompt))
 
     def _take(self, entries: list[Entry]) -> None:
         for e in entries:

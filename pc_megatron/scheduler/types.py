@@ -73,3 +73,9 @@ class Allocation:
 
 
 GenerateFn = Callable[[list[GenRequest]], list[list[Sample]]]
+"""One generate call: each request's samples, in request order. A generate function may also have
+``stream(requests, on_group) -> (requests, results)``: the requests generated together, and each time
+one request's samples are all scored, ``on_group(index, samples)`` returns more requests to add to the
+same window (their indexes follow); it returns every request made, in order, with its samples."""
+
+OnGroup = Callable[[int, list[Sample]], list[GenRequest]]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pc_megatron.scheduler.config import SchedulerConfig
 from pc_megatron.scheduler.pool import PromptPool
-from pc_megatron.scheduler.types import Allocation, Entry, GenerateFn, GenRequest, Sample
+from pc_megatron.scheduler.types import Allocation, Entry, GenerateFn, GenRequest, OnGroup, Sample
 
 
 class Policy(ABC):
@@ -62,6 +62,18 @@ def call(pool: PromptPool, generate: GenerateFn, requests: list[GenRequest]) -> 
     results = generate(requests)
     pool.record(requests, results)
     return results
+
+
+def stream_call(
+    pool: PromptPool, stream, requests: list[GenRequest], on_group: OnGroup
+) -> tuple[list[GenRequest], list[list[Sample]]]:
+    """One streamed generate call (``GenerateFn``'s ``stream``): ``requests`` and whatever ``on_group``
+    adds as groups finish, generated in one window, in the pool's books."""
+    if not requests:
+        return [], []
+    made, results = stream(requests, on_group)
+    pool.record(made, results)
+    return made, results
 
 
 def rounded(k: int, multiple: int, others: int = 0) -> int:

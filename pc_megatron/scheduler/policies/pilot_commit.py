@@ -12,7 +12,7 @@ import math
 
 from pc_megatron.errors import ConfigError
 from pc_megatron.scheduler.config import SchedulerConfig
-from pc_megatron.scheduler.policies.base import Piloting, call, rounded
+from pc_megatron.scheduler.policies.base import Piloting, call, rounded, stream_call
 from pc_megatron.scheduler.pool import PromptPool
 from pc_megatron.scheduler.types import Allocation, Entry, GenerateFn, GenRequest, Group, Sample
 
@@ -64,6 +64,13 @@ class PilotCommit(Piloting):
             rounds += 1
             if c.bind:
                 filed, self.pending = self.pending, []
+            elif hasattr(generate, "stream"):  # commits start as their pilots are scored: see _streamed_round
+                filed, new = self._streamed_round(pool, generate, step, rounds, groups)
+                groups += new
+                pool.enforce_capacity()
+                if not filed and not new:
+                    break
+                continue
             else:
                 filed = self._run_pilots(pool, generate, self._pilot_requests(pool), gen_step=step)
             for e in filed:
@@ -82,6 +89,46 @@ class PilotCommit(Piloting):
                 break  # nothing left to pilot or commit: the pool is exhausted
         pool.flush_stale(step)
         return Allocation(groups, rounds)
+
+    def _streamed_round(
+        self, pool: PromptPool, generate: GenerateFn, step: int, rnd: int, groups: list[Group]
+    ) -> tuple[list[Entry], list[Group]]:
+        """An unbound round without the barrier between pilot and commit: each pilot is filed as soon
+        as it is scored, and the mixed ones that the round's selection will take whatever the other
+        pilots return (``PromptPool.surely_selected``) are committed at once, in the same generate
+        window; the rest is selected and committed when every pilot is in. The same prompts are
+        committed, and the groups come out in the same order, as in the round with the barrier."""
+        c = self.cfg
+        pilots = self._pilot_requests(pool)
+        need, taken = self.B - len(groups), {g.prompt for g in groups}
+        rates = [k / self.n_p for k in range(self.n_p + 1)]
+        best = max((p * (1 - p) for p in rates if c.p_lower <= p <= c.p_upper), default=0.0)  # a buffered pilot's best
+        unscored = {i: q.prompt for i, q in enumerate(pilots)}
+        filed: list[Entry] = []
+        early: list[Entry] = []
+
+        def on_group(i: int, samples: list[Sample]) -> list[GenRequest]:
+            if i not in unscored:
+                return []  # a commit's samples
+            del unscored[i]
+            entry = Entry(pilots[i].prompt, samples, step, self.pilot_batches)
+            filed.append(entry)
+            self._file_pilot(pool, entry)
+            out = taken | {e.prompt for e in early}
+            waiting = list(unscored.values())
+            sure = pool.surely_selected(need - len(early), out, c.selection, waiting, self.pilot_batches, best)
+            early.extend(sure)
+            return [GenRequest(e.prompt, self.n_c, "commit") for e in sure]
+
+        made, results = stream_call(pool, generate.stream, pilots, on_group)
+        commit_samples = {q.prompt: r for q, r in zip(made[len(pilots) :], results[len(pilots) :], strict=True)}
+        out = taken | {e.prompt for e in early}
+        truncated = len(early) + sum(e.prompt not in out for e in pool.buffer.values()) > need  # the barrier's choice
+        rest = pool.select(step, rnd, need - len(early), out, c.selection, self.n)
+        commits = call(pool, generate, [GenRequest(e.prompt, self.n_c, "commit") for e in rest])
+        commit_samples |= {e.prompt: r for e, r in zip(rest, commits, strict=True)}
+        chosen = pool.selection_order(early + rest, truncated) if early else rest
+        return filed, [Group(e.prompt, e.samples + commit_samples[e.prompt], len(e.samples)) for e in chosen]
 
     def _file_pilot(self, pool: PromptPool, entry: Entry) -> None:
         """Sort one pilot result into buffer / evicted / deferred / skipped."""
