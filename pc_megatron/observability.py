@@ -5,37 +5,61 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 EVAL_KEY = "eval_accuracy"
 
 
-class MetricsLog:
-    """Appends one JSON object per row to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
+class StepLog:
+    """A JSONL file of one object per step (each with a ``step``), appended and flushed row by row.
 
-    Rows after ``resume_step`` (the checkpoint step, or -1 for a fresh start) are dropped first,
-    so after a resume the file reads as if the run had never stopped.
-    """
+    Rows after ``resume_step`` (the checkpoint step, or -1 for a fresh start) are dropped first, so
+    after a resume the file reads as if the run had never stopped; the kept rows are written to a
+    new file that replaces the old one, so a kill during the rewrite loses nothing, and a torn last
+    line (a kill mid-write) is dropped with the steps after the checkpoint."""
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        self.path = path
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+        self._file = path.open("a", encoding="utf-8")
+
+    def write(self, row: dict) -> None:
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _step_of(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf  # a torn line: only a kill mid-write leaves one, after the last checkpoint
+
+
+class MetricsLog(StepLog):
+    """``metrics.jsonl`` (a ``StepLog``), every scalar mirrored to TensorBoard."""
 
     def __init__(self, run_dir: Path, resume_step: int) -> None:
-        self.path = run_dir / "metrics.jsonl"
-        if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
-        self._file = self.path.open("a", encoding="utf-8")
+        super().__init__(run_dir / "metrics.jsonl", resume_step)
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
 
     def write(self, row: dict) -> None:
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        super().write(row)
         for k, v in row.items():
             if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
                 self.tb.add_scalar(k, v, row["step"])
 
     def close(self) -> None:
-        self._file.close()
+        super().close()
         self.tb.close()
 
 

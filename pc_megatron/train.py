@@ -29,7 +29,7 @@ from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
 from pc_megatron.config import RunConfig, to_yaml
 from pc_megatron.data.task import Task, expected_eval_set
 from pc_megatron.evaluate import evaluate, evaluate_sets, expected_accuracy
-from pc_megatron.observability import MetricsLog, summarize
+from pc_megatron.observability import MetricsLog, StepLog, summarize
 from pc_megatron.phases import PhaseTimes
 from pc_megatron.preemption import RunStopped, StopRequests, record_processes
 from pc_megatron.prepare import prepare_run
@@ -150,10 +150,14 @@ def _run(
         set_rng_state(state["rng"])
     wall_at_start = loop.wall_s
     metrics = MetricsLog(run_dir, resume_step=loop.step if found else -1)  # later rows are redone
+    trained = StepLog(run_dir / "trained.jsonl", resume_step=loop.step if found else -1)
     gate = EngineGate(cfg.rollout.timeout_s)
     runtime.sync_weights()
     learner.offload()
-    producer = make_producer(cfg.rollout.max_staleness, scheduler, rollouts, gate, lambda: fleet.weight_version)
+    streaming = cfg.scheduler.stream and getattr(fleet, "streams", False)
+    producer = make_producer(
+        cfg.rollout.max_staleness, scheduler, rollouts, gate, lambda: fleet.weight_version, streaming
+    )
 
     expected_rows = expected_eval_set(cfg.data, cfg.eval.expected, task)
 
@@ -188,6 +192,7 @@ def _run(
                 eval_now = run_eval if capture is None and every else None
                 row, made = _step(cfg, step, producer, runtime, gate, algo, rollouts, loop, eval_now)
             metrics.write(row)
+            trained.write({"step": step, "epoch": made.allocation.stats["epoch"], "prompts": made.prompts()})
             bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.2f}", acc=f"{loop.last_eval_accuracy:.3f}")
             last = step == cfg.steps and capture is None
             stopping = stop.signum is not None and capture is None
@@ -204,14 +209,17 @@ def _run(
         producer.close()
         bar.close()
         metrics.close()
+        trained.close()
     return summarize(cfg.steps, cfg.scheduler.policy, run_dir, wall_at_start + time.time() - t_start)
 
 
-def make_producer(max_staleness: int, scheduler: Scheduler, rollouts: Rollouts, gate: EngineGate, version):
+def make_producer(
+    max_staleness: int, scheduler: Scheduler, rollouts: Rollouts, gate: EngineGate, version, streaming: bool
+) -> InlineProducer | ThreadedProducer:
     """The producer of the loop's batches: made in the loop at η = 0, ahead in a thread at η >= 1."""
     if max_staleness == 0:
-        return InlineProducer(scheduler, rollouts, gate, version)
-    return ThreadedProducer(scheduler, rollouts, gate, version, max_staleness, gate.timeout_s)
+        return InlineProducer(scheduler, rollouts, gate, version, streaming)
+    return ThreadedProducer(scheduler, rollouts, gate, version, max_staleness, gate.timeout_s, streaming)
 
 
 def _step(

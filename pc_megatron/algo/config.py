@@ -26,11 +26,19 @@ class LossConfig:
     """Weight of the entropy bonus; 0 disables it."""
     normalize_adv_by_std: bool = True
     """GRPO advantage normalisation by group std; false = Dr.GRPO (mean-centering only)."""
-    tis_cap: float = 0.0
-    """Truncated importance sampling: weight each token's policy-gradient term by
-    min(pi_old / pi_behaviour, tis_cap), pi_behaviour being the engine's log-probs when the
-    rollout was sampled (older weights for buffered pilot rollouts, and any engine/learner
-    numerical mismatch). 0 = off, as in the paper."""
+    correction: Literal["tis", "mask", "none"] = "tis"
+    """The behaviour correction: samples the learner trains were drawn by another policy than the one
+    the update starts from (pilots buffered for later steps, batches made ahead under
+    rollout.max_staleness, any engine/learner numerical mismatch), and each token's ratio
+    rho = pi_old / pi_behaviour (pi_behaviour: the engine's log-prob when it sampled the token) says by
+    how much. 'tis' (truncated importance sampling) weights the token's policy-gradient term by
+    min(rho, tis_cap); 'mask' trains only the tokens with 1/tis_cap <= rho <= tis_cap (the others
+    weigh 0); 'none' trains them as if on-policy, as the paper's recipe does. Reported each step as
+    correction/weight_mean, correction/clipped_frac (tokens capped or masked) and correction/ess (the
+    weights' effective sample size over the trained tokens, 1 = no correction needed)."""
+    tis_cap: float = 2.0
+    """The correction's bound C (>= 1; 2.0 as in verl and slime): the cap of 'tis', the band [1/C, C]
+    of 'mask'."""
     agg: Aggregation = "token-mean"
     """How per-token losses become one loss: 'token-mean', 'seq-mean-token-mean' or
     'seq-mean-token-sum-norm' (see the module docstring); always over the whole mini-batch."""
@@ -41,8 +49,11 @@ class LossConfig:
         check_choices(self, "algo.loss")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ConfigError("algo.loss.clip_low must be in [0, 1) and clip_high >= 0")
-        if self.tis_cap != 0 and self.tis_cap < 1:
-            raise ConfigError(f"algo.loss.tis_cap must be 0 (off) or >= 1 (got {self.tis_cap}); 2.0 is a common cap")
+        if self.tis_cap < 1:
+            raise ConfigError(
+                f"algo.loss.tis_cap={self.tis_cap}: the correction's bound must be >= 1 (2.0 is a common cap); "
+                "to train without a behaviour correction set algo.loss.correction=none"
+            )
         if self.norm_tokens < 0:
             raise ConfigError("algo.loss.norm_tokens must be >= 0 (0 = rollout.max_new_tokens)")
 

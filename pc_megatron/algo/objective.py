@@ -6,7 +6,10 @@ For each trained token with log-prob ``logp`` under the policy being trained, ``
 policy that the advantages refer to, ``behaviour_logp`` under the policy that sampled it (the
 engine's) and its sequence's advantage ``A``:
 
-    w       = min(exp(old_logp - behaviour_logp), tis_cap)      (truncated IS; w = 1 when tis_cap = 0)
+    rho     = exp(old_logp - behaviour_logp)
+    w       = min(rho, C)                   (correction = tis: truncated importance sampling)
+            = 1 if 1/C <= rho <= C else 0   (correction = mask)
+            = 1                             (correction = none)          C = tis_cap
     ratio   = exp(logp - old_logp)
     pg      = max(-w A ratio, -w A clip(ratio, 1 - clip_low, 1 + clip_high))
     kl      = exp(ref - logp) - (ref - logp) - 1                (k3 estimator, >= 0)
@@ -27,8 +30,10 @@ Each is ``sum_i w_i sum_t loss_it / sum_i u_i`` with a per-sequence weight ``w_i
 micro-batch; Megatron divides the gradients by the units summed over every micro-batch and
 data-parallel rank, so the update does not depend on how the mini-batch is cut.
 
-A correction for the behaviour policy is one function, ``_behaviour_weights``: per-token weights
-that scale the advantages, and the statistics they report (``stat_keys``).
+The correction for the behaviour policy is one function, ``_behaviour_weights``: per-token weights
+that scale the advantages, and the statistics they report (``stat_keys``): the weights' mean, the
+share of tokens capped or masked, and the mean square that gives their effective sample size
+``ess = mean(w)^2 / mean(w^2)`` (``effective_sample_size``).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import torch
 from kernels.grpo_loss.reference import clipped_surrogate
 from pc_megatron.algo.config import AGG_MODES, LossConfig
 
-_TIS_KEYS = ("tis_weight_mean", "tis_truncated_frac")
+CORRECTION_KEYS = ("correction/weight_mean", "correction/clipped_frac", "correction/weight_sq_mean")
 
 
 def aggregation_weights(
@@ -62,14 +67,14 @@ def aggregation_weights(
 
 def stat_keys(cfg: LossConfig) -> tuple[str, ...]:
     """The statistics ``rl_objective`` sums under ``cfg`` besides ``tokens``, in order."""
-    return ("clipfrac", "entropy", "kl", *(_TIS_KEYS if cfg.tis_cap > 0 else ()))
+    return ("clipfrac", "entropy", "kl", *(CORRECTION_KEYS if cfg.correction != "none" else ()))
 
 
 def check_inputs(cfg: LossConfig, has_behaviour_logp: bool) -> None:
     """Refuse, before any pass starts, what ``rl_objective`` would refuse in the middle of one (on the
     last pipeline stage only, where the other stages would wait for it)."""
-    if cfg.tis_cap > 0 and not has_behaviour_logp:
-        raise ValueError("algo.loss.tis_cap > 0 needs the behaviour (engine) log-probs")
+    if cfg.correction != "none" and not has_behaviour_logp:
+        raise ValueError(f"algo.loss.correction={cfg.correction} needs the behaviour (engine) log-probs")
     aggregation_weights(torch.ones(1), cfg.agg, cfg.norm_tokens)
 
 
@@ -78,13 +83,25 @@ def _behaviour_weights(
 ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """Per-token weights ``(b, k)`` on the advantages that correct for sampling by the behaviour
     policy (None: no correction), and their statistic sums over the masked tokens."""
-    if cfg.tis_cap <= 0:
+    if cfg.correction == "none":
         return None, {}
     if behaviour_logp is None:
-        raise ValueError("algo.loss.tis_cap > 0 needs the behaviour (engine) log-probs")
-    raw = torch.exp(old_logp - behaviour_logp.detach())
-    weight = raw.clamp(max=cfg.tis_cap)
-    return weight, {"tis_weight_mean": (weight * mask).sum(), "tis_truncated_frac": ((raw > cfg.tis_cap) * mask).sum()}
+        raise ValueError(f"algo.loss.correction={cfg.correction} needs the behaviour (engine) log-probs")
+    rho = torch.exp(old_logp - behaviour_logp.detach())
+    cap = cfg.tis_cap
+    if cfg.correction == "tis":
+        weight, clipped = rho.clamp(max=cap), rho > cap
+    else:  # mask: the tokens out of the band weigh nothing
+        clipped = (rho > cap) | (rho < 1.0 / cap)
+        weight = (~clipped).to(rho.dtype)
+    stats = (weight * mask).sum(), (clipped * mask).sum(), (weight.square() * mask).sum()
+    return weight, dict(zip(CORRECTION_KEYS, stats, strict=True))
+
+
+def effective_sample_size(weight_mean: float, weight_sq_mean: float) -> float:
+    """The importance weights' effective sample size as a share of the tokens: (sum w)^2 / (N sum w^2),
+    1 when every weight is equal, toward 0 when a few tokens carry the update."""
+    return weight_mean**2 / weight_sq_mean if weight_sq_mean > 0 else 0.0
 
 
 def rl_objective(
@@ -103,7 +120,7 @@ def rl_objective(
 
     Per token, ``(b, k)`` float32 (float64 works too), on one device: ``logp`` and ``entropy`` of
     the policy being trained at the sampling temperature (the gradient flows through these two),
-    ``old_logp``, ``behaviour_logp`` (needed when ``cfg.tis_cap > 0``), ``ref_logp`` (used when
+    ``old_logp``, ``behaviour_logp`` (needed unless ``cfg.correction`` is off), ``ref_logp`` (used when
     ``cfg.kl_coef > 0``): constants; ``mask``: 1.0 on trained tokens, 0.0 elsewhere. ``advantages``:
     ``(b,)`` per sequence (or ``(b, k)`` per token).
 
@@ -112,8 +129,9 @@ def rl_objective(
     ``units = sum_i u_i``, 0-dim float64, an integer (tokens or sequences); the loss is
     ``loss_sum / units`` summed over every micro-batch of the mini-batch. ``sums``: 0-dim tensors,
     each summed over the masked tokens: ``tokens``, ``clipfrac`` (tokens where the clip was active),
-    ``entropy``, ``kl`` (0 without a KL term) and, with ``tis_cap``, ``tis_weight_mean`` (the weights)
-    and ``tis_truncated_frac`` (tokens whose weight was capped); divide by ``tokens`` for means.
+    ``entropy``, ``kl`` (0 without a KL term) and, with a correction, ``correction/weight_mean`` (the
+    weights), ``correction/clipped_frac`` (tokens capped or masked) and ``correction/weight_sq_mean``
+    (the squared weights); divide by ``tokens`` for means.
     ``units_scale``: the units of the rows given over those of the mini-batch they were taken from,
     when the caller leaves rows of zero loss out (the loss keeps the whole mini-batch's divisor).
     """

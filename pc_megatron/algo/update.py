@@ -10,9 +10,10 @@ of a separate forward pass. With several steps (``algo.mini_batch_size`` below t
 before the first step: a separate forward pass computes the old log-probs once, and the later steps'
 ratios move away from 1, where the clip acts. Mini-batches are consecutive groups (or rollouts) in
 the scheduler's order, the same order in every epoch.
-The engine's log-probs serve only to measure agreement (``logprob_mismatch``, on rollouts sampled
-with the weights being trained; buffered pilots came from an older policy and differ by design)
-and, with ``algo.loss.tis_cap``, as the behaviour policy of truncated importance sampling.
+The engine's log-probs measure agreement (``logprob_mismatch``, on rollouts sampled with the weights
+being trained; buffered pilots and batches made ahead came from an older policy and differ by
+design) and are the behaviour policy of the correction (``algo.loss.correction``: truncated
+importance sampling by default, ``correction/*`` each step).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ import torch
 
 from pc_megatron.algo.advantages import group_advantages
 from pc_megatron.algo.config import AlgoConfig
-from pc_megatron.algo.objective import aggregation_weights
+from pc_megatron.algo.objective import CORRECTION_KEYS, aggregation_weights, effective_sample_size
 from pc_megatron.batch import completions_to_batch, group_stats, logprob_mismatch
 from pc_megatron.phases import PhaseTimes
 from pc_megatron.scheduler import Group
 
 # per-update statistics reported as their mean over the update's optimizer steps
-_MEANS = ("loss", "grad_norm", "clipfrac", "entropy", "kl", "tis_weight_mean", "tis_truncated_frac", "lr")
+_MEANS = ("loss", "grad_norm", "clipfrac", "entropy", "kl", *CORRECTION_KEYS, "lr")
 
 
 def mini_batches(groups: list[Group], mini_batch_size: int, mini_batch_rollouts: int = 0) -> list[torch.Tensor]:
@@ -82,7 +83,7 @@ def rl_update(
     trained = torch.zeros(len(samples), dtype=torch.bool)
     with times("train"):
         adv = group_advantages(rewards, group_ids, loss_cfg.normalize_adv_by_std)
-        behaviour = engine_logp if loss_cfg.tis_cap > 0 else None
+        behaviour = engine_logp if loss_cfg.correction != "none" else None
         skip = algo.skip_zero_advantage and loss_cfg.kl_coef == 0 and loss_cfg.entropy_coef == 0
         row_units = aggregation_weights(batch.loss_mask.sum(1), loss_cfg.agg, loss_cfg.norm_tokens or 1)[1]
         for _ in range(epochs):
@@ -113,6 +114,9 @@ def rl_update(
     mismatch, mismatch_max = logprob_mismatch(old_logp, engine_logp, measured)
     group_size = len(groups[0].samples)
     means = {k: sum(u[k] for u in updates) / len(updates) for k in _MEANS if k in updates[0]}
+    if "correction/weight_sq_mean" in means:  # the weights' effective sample size, from their two moments
+        square = means.pop("correction/weight_sq_mean")
+        means["correction/ess"] = effective_sample_size(means["correction/weight_mean"], square)
     return {
         "trained_groups": len(groups),
         "reward_mean": float(rewards.mean()),

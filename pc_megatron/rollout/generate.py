@@ -10,7 +10,7 @@ from pc_megatron.phases import PhaseTimes
 from pc_megatron.rewards import overlong_penalty
 from pc_megatron.rewards.pool import RewardPool, Scored
 from pc_megatron.rollout.base import Completion, RolloutEngine, SamplingParams
-from pc_megatron.scheduler import GenRequest, Sample
+from pc_megatron.scheduler import GenRequest, OnGroup, Sample
 
 
 def encode_prompts(tokenizer, rows: list[PromptRow]) -> list[list[int]]:
@@ -83,6 +83,36 @@ class Rollouts:
             self.times,
         )
         self._counts["generate_calls"] += 1
+        samples = self._samples(completions, scored)
+        bounds = [0, *itertools.accumulate(r.n for r in requests)]
+        return [samples[a:b] for a, b in itertools.pairwise(bounds)]
+
+    def stream(self, requests: list[GenRequest], on_group: OnGroup) -> tuple[list[GenRequest], list[list[Sample]]]:
+        """One streamed window (the scheduler's ``GenerateFn.stream``; see ``RolloutEngine.generate_stream``):
+        each group scored as soon as its samples are in, and what ``on_group`` asks for added to the
+        window. Returns every request made and its samples, in order."""
+        made, results = list(requests), {}
+        seed = self.seed_of(self.step, self._counts["generate_calls"])
+
+        def scored(i: int, completions: list[Completion]) -> list[tuple[list[int], int]]:
+            row = self.rows[made[i].prompt]
+            with self.times("reward"):
+                texts = self.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+                outcome = self.rewards.score(texts, [row.answer] * len(texts), [row.id] * len(texts))
+            results[i] = self._samples(completions, outcome)
+            more = on_group(i, results[i])
+            made.extend(more)
+            return [(self.prompt_ids[q.prompt], q.n) for q in more]
+
+        prompts = [self.prompt_ids[r.prompt] for r in requests]
+        with self.times("rollout"):
+            self.fleet.generate_stream(prompts, [r.n for r in requests], self.params, seed, scored)
+        self._counts["generate_calls"] += 1
+        return made, [results[i] for i in range(len(made))]
+
+    def _samples(self, completions: list[Completion], scored: Scored) -> list[Sample]:
+        """The scheduler's samples of scored completions (each tagged with the version that sampled it,
+        its reward with DAPO's overlong penalty), and the step's counters."""
         self._counts["generated_tokens"] += sum(len(c.token_ids) for c in completions)
         self._counts["reward/timeouts"] += scored.timeouts
         self._counts["reward/errors"] += scored.errors
@@ -92,12 +122,10 @@ class Rollouts:
             for c in completions
         ]
         self._counts["reward/overlong"] += sum(p < 0 for p in penalties)
-        samples = [
+        return [
             Sample(r.correct, r.score + p, c.weight_version, c, len(c.token_ids))
             for r, c, p in zip(scored.results, completions, penalties, strict=True)
         ]
-        bounds = [0, *itertools.accumulate(r.n for r in requests)]
-        return [samples[a:b] for a, b in itertools.pairwise(bounds)]
 
     def metrics(self) -> dict[str, int]:
         """The current step's counters."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from pc_megatron.errors import ModelFileError
-from pc_megatron.rollout.base import Completion, SamplingParams, sample_seed
+from pc_megatron.rollout.base import Completion, OnPrompt, SamplingParams, sample_seed, stream_by_calls
 from pc_megatron.weight_sync.manifest import Manifest
 from pc_megatron.weight_sync.receiver import BucketReceiver
 from pc_megatron.weight_sync.transport import LocalSender, push_weights
@@ -75,6 +75,13 @@ class HFEngine:
     def close(self) -> None:
         """Nothing to stop but a broadcast group's membership."""
         self._receiver.leave()
+
+    streams = False  # one batched forward at a time: a window is one call (``stream_by_calls``)
+
+    def generate_stream(
+        self, prompts: list[list[int]], n: list[int], params: SamplingParams, seed: int, on_group: OnPrompt
+    ) -> list[Completion]:
+        return stream_by_calls(self, prompts, n, params, seed, on_group)
 
     @torch.no_grad()
     def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:

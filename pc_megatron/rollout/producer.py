@@ -34,45 +34,54 @@ from dataclasses import dataclass
 from pc_megatron.errors import TrainingError
 from pc_megatron.phases import PhaseTimes
 from pc_megatron.rollout.generate import Rollouts
-from pc_megatron.scheduler import Allocation, GenRequest, Group, Sample, Scheduler
+from pc_megatron.scheduler import Allocation, GenRequest, Group, OnGroup, Sample, Scheduler
 
 
 class EngineGate:
     """One user of the engines at a time, with a deadline for whoever waits, and the intervals the
-    engines spent generating (for the busy and idle figures)."""
+    engines spent generating (for the busy and idle figures). The loop's holds (a weight sync, an
+    evaluation) go before the producer's next call: a sync waits for the call in flight only."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._holder = ""
         self._since = 0.0
+        self._urgent = 0  # the loop's holds waiting: the producer lets them go first
         self._busy: list[tuple[float, float]] = []  # (start, end) of generate calls, perf_counter clock
-        self._busy_lock = threading.Lock()
 
     @contextlib.contextmanager
-    def hold(self, who: str, generating: bool = False) -> Iterator[None]:
-        """The engines for ``who`` until the block ends; ``generating``: counted as engine busy time."""
-        if not self._lock.acquire(timeout=self.timeout_s):
-            raise TrainingError(
-                f"{who} waited {self.timeout_s:g} s for the engines, held by {self._holder} for "
-                f"{time.perf_counter() - self._since:.0f} s (a hung generate call or weight sync); the last "
-                "checkpoint is intact: fix the cause and continue with `pc-megatron train --resume RUN_DIR`"
-            )
-        self._holder, self._since = who, time.perf_counter()
+    def hold(self, who: str, generating: bool = False, producer: bool = False) -> Iterator[None]:
+        """The engines for ``who`` until the block ends; ``generating``: counted as engine busy time;
+        ``producer``: a call of the rollout producer, which waits while the loop waits too."""
+        with self._cond:
+            self._urgent += not producer
+            try:
+                free = self._cond.wait_for(
+                    lambda: not self._holder and (not producer or not self._urgent), timeout=self.timeout_s
+                )
+            finally:
+                self._urgent -= not producer
+            if not free:
+                raise TrainingError(
+                    f"{who} waited {self.timeout_s:g} s for the engines, held by {self._holder or 'the loop'} for "
+                    f"{time.perf_counter() - self._since:.0f} s (a hung generate call or weight sync); the last "
+                    "checkpoint is intact: fix the cause and continue with `pc-megatron train --resume RUN_DIR`"
+                )
+            self._holder, self._since = who, time.perf_counter()
         try:
             yield
         finally:
-            end = time.perf_counter()
-            if generating:
-                with self._busy_lock:
-                    self._busy.append((self._since, end))
-            self._holder = ""
-            self._lock.release()
+            with self._cond:
+                if generating:
+                    self._busy.append((self._since, time.perf_counter()))
+                self._holder = ""
+                self._cond.notify_all()
 
     def busy_within(self, start: float, end: float) -> float:
         """Seconds of ``[start, end]`` (perf_counter clock) during which the engines generated; forgets
         the intervals that ended before ``start``."""
-        with self._busy_lock:
+        with self._cond:
             self._busy = [(a, b) for a, b in self._busy if b > start]
             return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self._busy)
 
@@ -92,14 +101,50 @@ class Produced:
     weights_step: int
     """The step whose weights the engines served when it was started (0 = the initial weights)."""
 
+    def prompts(self) -> list[int]:
+        """The prompts it trains, one per group (the run's ``trained.jsonl`` lists them by step)."""
+        return [g.prompt for g in self.allocation.groups]
+
+
+class GatedGenerate:
+    """The scheduler's ``generate`` (``Rollouts``) with the engines held for each call, and its ``stream``
+    where streaming is on (None otherwise: the policies take the barrier)."""
+
+    def __init__(self, rollouts: Rollouts, gate: EngineGate, times: PhaseTimes, who: str, streaming: bool) -> None:
+        self.rollouts, self.gate, self.times, self.who = rollouts, gate, times, who
+        self.stream = self._stream if streaming else None
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        with contextlib.ExitStack() as held:
+            with self.times("engine_wait"):  # a weight sync or an evaluation holding the engines
+                held.enter_context(self.gate.hold(self.who, generating=True, producer=True))
+            yield
+
+    def __call__(self, requests: list[GenRequest]) -> list[list[Sample]]:
+        with self._held():
+            return self.rollouts(requests)
+
+    def _stream(self, requests: list[GenRequest], on_group: OnGroup) -> tuple[list[GenRequest], list[list[Sample]]]:
+        with self._held():
+            return self.rollouts.stream(requests, on_group)
+
 
 class InlineProducer:
     """η = 0: each batch made when the loop asks for it, in the loop's own thread."""
 
     max_staleness = 0
 
-    def __init__(self, scheduler: Scheduler, rollouts: Rollouts, gate: EngineGate, policy_version: Callable[[], int]):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        rollouts: Rollouts,
+        gate: EngineGate,
+        policy_version: Callable[[], int],
+        streaming: bool = False,
+    ) -> None:
         self.scheduler, self.rollouts, self.gate, self.policy_version = scheduler, rollouts, gate, policy_version
+        self.streaming = streaming
         self.weights_step = 0
 
     def start(self, first_step: int, last_step: int, weights_step: int) -> None:
@@ -110,7 +155,17 @@ class InlineProducer:
 
     def take(self, step: int, times: PhaseTimes) -> Produced:
         version = self.policy_version()
-        return make_batch(self.scheduler, self.rollouts, self.gate, step, times, version, self.weights_step, copy=False)
+        return make_batch(
+            self.scheduler,
+            self.rollouts,
+            self.gate,
+            step,
+            times,
+            version,
+            self.weights_step,
+            self.streaming,
+            copy=False,
+        )
 
     def close(self) -> None:
         return None
@@ -127,9 +182,10 @@ class ThreadedProducer:
         policy_version: Callable[[], int],
         max_staleness: int,
         timeout_s: float,
+        streaming: bool = False,
     ) -> None:
         self.scheduler, self.rollouts, self.gate, self.policy_version = scheduler, rollouts, gate, policy_version
-        self.max_staleness, self.timeout_s = max_staleness, timeout_s
+        self.max_staleness, self.timeout_s, self.streaming = max_staleness, timeout_s, streaming
         self.weights_step = 0
         self._made: dict[int, Produced] = {}
         self._cond = threading.Condition()
@@ -158,8 +214,9 @@ class ThreadedProducer:
                         return
                     self._working_on = (step, time.perf_counter())
                 times = PhaseTimes()
+                version, weights = self.policy_version(), self.weights_step
                 made = make_batch(
-                    self.scheduler, self.rollouts, self.gate, step, times, self.policy_version(), self.weights_step
+                    self.scheduler, self.rollouts, self.gate, step, times, version, weights, self.streaming
                 )
                 with self._cond:
                     self._made[step] = made
@@ -214,18 +271,14 @@ def make_batch(
     times: PhaseTimes,
     policy_version: int,
     weights_step: int,
+    streaming: bool,
     copy: bool = True,
 ) -> Produced:
     """One step's allocation: ``scheduler.next_batch`` with every generate call holding the engines.
-    ``copy``: the scheduler's state is copied (it will change before the loop saves it)."""
+    ``streaming``: the policy may stream (``Rollouts.stream``); ``copy``: the scheduler's state is copied
+    (it will change before the loop saves it)."""
     rollouts.begin_step(step, times)
-
-    def generate(requests: list[GenRequest]) -> list[list[Sample]]:
-        with contextlib.ExitStack() as held:
-            with times("engine_wait"):  # a weight sync or an evaluation holding the engines
-                held.enter_context(gate.hold(f"the rollout producer (step {step}'s batch)", generating=True))
-            return rollouts(requests)
-
+    generate = GatedGenerate(rollouts, gate, times, f"the rollout producer (step {step}'s batch)", streaming)
     with times("scheduler"):  # its own decisions; the fleet and reward calls it makes are timed apart
         allocation = scheduler.next_batch(step, generate, policy_version=policy_version)
     return Produced(

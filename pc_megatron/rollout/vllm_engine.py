@@ -29,7 +29,7 @@ import torch
 
 from pc_megatron.errors import ConfigError
 from pc_megatron.phases import phase_range
-from pc_megatron.rollout.base import Completion, RolloutConfig, SamplingParams, sample_seed
+from pc_megatron.rollout.base import Completion, OnPrompt, RolloutConfig, SamplingParams, sample_seed
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
 from pc_megatron.weight_sync.transport import make_sender, push_weights
 
@@ -157,6 +157,7 @@ class VllmEngine:
         self.weight_version = 0
         self._asleep = False
         self._stale_prefix = False
+        self._calls = 0  # streamed windows, for unique request ids
 
     # ------------------------------------------------------------------ control
     def _rpc(self, method: str, *args):
@@ -266,6 +267,55 @@ class VllmEngine:
             reason = "length" if o.finish_reason == "length" else "stop"
             completions.append(Completion(i, ids, logps, reason, version))
         return completions
+
+    streams = True
+
+    def generate_stream(
+        self, prompts: list[list[int]], n: list[int], params: SamplingParams, seed: int, on_group: OnPrompt
+    ) -> list[Completion]:
+        """One window of the engine's own scheduler: every sample a request of its own (seeded by its
+        place, as in ``generate``), driven step by step; when a prompt's last sample finishes its group
+        goes to ``on_group`` and what that returns is added to the running window at once."""
+        from vllm.sampling_params import RequestOutputKind
+
+        self._wake()
+        version = self.served_version()
+        engine = self.llm.llm_engine
+        self._calls += 1
+        done: dict[int, list[tuple[int, Completion]]] = {}  # prompt -> (sample, completion)
+        left: dict[int, int] = {}
+        order: list[int] = []
+
+        def add(batch: list[list[int]], counts: list[int]) -> None:
+            for prompt, k in zip(batch, counts, strict=True):
+                i = len(order)
+                order.append(k)
+                left[i], done[i] = k, []
+                for j in range(k):
+                    sp = self._params(params, sample_seed(seed, i, j), logprobs=0)
+                    sp.output_kind = RequestOutputKind.FINAL_ONLY
+                    engine.add_request(f"pcm{self._calls}:{i}:{j}", {"prompt_token_ids": prompt}, sp)
+
+        add(prompts, list(n))
+        for i, k in enumerate(n):
+            if k == 0:
+                more = on_group(i, [])
+                add([p for p, _ in more], [k for _, k in more])
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if not out.finished:
+                    continue
+                _, i, j = out.request_id.split(":")
+                i, o = int(i), out.outputs[0]
+                ids = list(o.token_ids)
+                logps = [float(step[t].logprob) for step, t in zip(o.logprobs, ids, strict=True)]
+                reason = "length" if o.finish_reason == "length" else "stop"
+                done[i].append((int(j), Completion(i, ids, logps, reason, version)))
+                left[i] -= 1
+                if not left[i]:
+                    more = on_group(i, [c for _, c in sorted(done[i], key=lambda x: x[0])])
+                    add([p for p, _ in more], [k for _, k in more])
+        return [c for i in range(len(order)) for _, c in sorted(done[i], key=lambda x: x[0])]
 
     def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
         self._wake()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pc_megatron.batch import TokenBatch
 from pc_megatron.learner.config import LearnerConfig
-from pc_megatron.rollout.base import Completion, RolloutConfig, SamplingParams
+from pc_megatron.rollout.base import Completion, OnPrompt, RolloutConfig, SamplingParams, stream_by_calls
 from pc_megatron.runtime.ray_actors import EngineWorker, LearnerWorker, ray_get
 from pc_megatron.runtime.ray_cluster import (
     RayConfig,
@@ -162,6 +162,13 @@ class RayRolloutFleet:
                 c.prompt_index += a
             completions.extend(out)
         return completions
+
+    streams = False  # the replicas' windows are not joined yet: a window is one fleet call
+
+    def generate_stream(
+        self, prompts: list[list[int]], n: list[int], params: SamplingParams, seed: int, on_group: OnPrompt
+    ) -> list[Completion]:
+        return stream_by_calls(self, prompts, n, params, seed, on_group)
 
     def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
         return self._all([self.engines[0].prompt_logprobs.remote(prompts)], self.names[:1])[0]

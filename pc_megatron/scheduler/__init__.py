@@ -31,7 +31,7 @@ seed; its whole state is a picklable dict for checkpoints. No torch model code i
 from pc_megatron.scheduler.config import PolicyName, SchedulerConfig
 from pc_megatron.scheduler.core import Scheduler
 from pc_megatron.scheduler.policies import POLICIES, pass_rate_lower_bound
-from pc_megatron.scheduler.types import Allocation, Entry, GenerateFn, GenRequest, Group, Sample
+from pc_megatron.scheduler.types import Allocation, Entry, GenerateFn, GenRequest, Group, OnGroup, Sample
 
 __all__ = [
     "POLICIES",
@@ -40,6 +40,7 @@ __all__ = [
     "GenRequest",
     "GenerateFn",
     "Group",
+    "OnGroup",
     "PolicyName",
     "Sample",
     "Scheduler",

@@ -79,6 +79,11 @@ class SchedulerConfig:
     data-parallel size, so every replica gets the same number of prompts) by piloting (DAPO:
     sampling) extra fresh prompts. GRPO calls (B prompts) and unbound commit-only calls are left
     as they are. 1 = off."""
+    stream: bool = True
+    """Unbound Pilot-Commit rounds (``bind=false``): start a prompt's commit as soon as its pilot is
+    scored and the round's selection is sure to take it, in the same generate window as the pilots
+    still running, where the engine streams (``rollout.backend=vllm`` under ``runtime=local``); the
+    same commits as with a barrier between pilot and commit. false = the barrier."""
 
     def pilot_size(self, samples_per_prompt: int) -> int:
         """n_p: ``pilot_samples``, or a quarter of n (at least 1) when it is 0."""

@@ -64,7 +64,7 @@ class PilotCommit(Piloting):
             rounds += 1
             if c.bind:
                 filed, self.pending = self.pending, []
-            elif hasattr(generate, "stream"):  # commits start as their pilots are scored: see _streamed_round
+            elif callable(getattr(generate, "stream", None)):  # commits start as their pilots are scored
                 filed, new = self._streamed_round(pool, generate, step, rounds, groups)
                 groups += new
                 pool.enforce_capacity()
