@@ -6,7 +6,6 @@ import shutil
 
 import pytest
 import torch
-from test_model_families import CONFIGS, make_hf_model
 from transformers import AutoModelForCausalLM
 
 from pc_megatron.checkpoint import save_checkpoint
@@ -16,6 +15,7 @@ from pc_megatron.errors import ModelFileError, UserError
 from pc_megatron.learner import Learner, LearnerConfig
 from pc_megatron.learner.export import load_hf_weights
 from pc_megatron.model.arch import load_arch
+from tests.hf_models import CONFIGS, make_hf_model
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

@@ -6,17 +6,15 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from process_checks import sigkill_and_survivors
 
 from pc_megatron.cli import main
 from pc_megatron.config import load_config
 from pc_megatron.errors import ConfigError, ModelFileError
-
-WORKERS = Path(__file__).parent / "workers"
+from tests.process_checks import sigkill_and_survivors
+from tests.settings import SMALL, WORKERS
 
 
 def test_an_unreachable_cluster_is_one_clear_error_before_any_run_folder(tmp_path, capsys):
@@ -65,8 +63,6 @@ def test_a_damaged_state_file_gets_the_same_clear_message_as_a_damaged_shard(tmp
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, cache_dir):
-    from test_train_integration import SMALL
-
     out = tmp_path_factory.mktemp("resume")
     assert main(["train", "tiny", *SMALL, "steps=2", f"out_dir={out}", "name=run"]) == 0
     return out / "run"

@@ -32,13 +32,8 @@ def test_learner_on_gpu_matches_the_engine(tiny_model_dir, impl):
 
 def _ragged_on(folder, cfg: LearnerConfig):
     """Log-probs and one RL step's gradients (flattened, fp32) of the ragged batch of the shape tests."""
-    import sys
-    from pathlib import Path
-
     from pc_megatron.algo import LossConfig
-
-    sys.path.insert(0, str(Path(__file__).parent / "workers"))
-    from parallel_worker import ragged_batch
+    from tests.workers.parallel_worker import ragged_batch
 
     batch, adv = ragged_batch()
     learner = Learner(folder, cfg, seed=0)
@@ -53,7 +48,7 @@ def test_packed_micro_batches_on_gpu_equal_the_padded_ones(tmp_path, impl):
     """A ragged batch (lengths 4-200) as fixed padded rows and as packed THD streams under a token
     budget: the same log-probs and gradients. Local spec in fp32 (the packed attention of
     learner/packed_attention.py on CUDA); TE spec in bf16 (TE's THD kernels take half precision)."""
-    from test_model_families import make_hf_model
+    from tests.hf_models import make_hf_model
 
     if impl == "transformer_engine":
         pytest.importorskip("transformer_engine")
@@ -99,8 +94,8 @@ def test_sequence_parallel_on_a_ragged_batch(tmp_path):
     pytest.importorskip("transformer_engine")
     import json
 
-    from test_model_families import make_hf_model
-    from test_parallel import torchrun
+    from tests.hf_models import make_hf_model
+    from tests.torchrun import torchrun
 
     folder = tmp_path / "qwen2"
     make_hf_model("qwen2-tied", folder)
@@ -255,11 +250,11 @@ def test_broadcast_weight_sync_over_nccl_into_another_gpu(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("NCCL takes one process per GPU: needs 2 GPUs")
     import torch.multiprocessing as mp
-    from test_weight_sync_broadcast import BUCKET, _Engine, _weights
 
     from pc_megatron.weight_sync.broadcast_group import BroadcastGroup
     from pc_megatron.weight_sync.manifest import Manifest
     from pc_megatron.weight_sync.transport import BroadcastSender, push_weights
+    from tests.test_weight_sync_broadcast import BUCKET, _Engine, _weights
 
     engine = _Engine(mp.get_context("spawn"), tmp_path / "engine.pt", device="cuda:1")
     try:

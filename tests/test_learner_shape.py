@@ -5,14 +5,10 @@ The contract: one update's loss and every gradient are the same (within 1e-5 of 
 however the batch is cut and laid out and however the model is split, and per-row outputs come back
 in the caller's order."""
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tensor_checks import assert_close_to_scale, scaled_error
-from test_model_families import make_hf_model
-from test_parallel import torchrun
 
 from pc_megatron.algo import LossConfig
 from pc_megatron.algo.config import AlgoConfig
@@ -21,9 +17,10 @@ from pc_megatron.config import load_config
 from pc_megatron.errors import ConfigError
 from pc_megatron.learner import Learner, LearnerConfig
 from pc_megatron.weight_sync.sharding import unshard
-
-sys.path.insert(0, str(Path(__file__).parent / "workers"))
-from parallel_worker import RAGGED_LENGTHS, SHAPES, ragged_batch
+from tests.hf_models import make_hf_model
+from tests.tensor_checks import assert_close_to_scale, scaled_error
+from tests.torchrun import torchrun
+from tests.workers.parallel_worker import RAGGED_LENGTHS, SHAPES, ragged_batch
 
 # name: (processes, TP, PP)
 LAYOUTS = {"single": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2), "dp2": (2, 1, 1)}

@@ -12,6 +12,7 @@ from pc_megatron import observability
 from pc_megatron.config import load_config
 from pc_megatron.phases import PhaseTimes
 from pc_megatron.train import stream_seed
+from tests.settings import WORKERS
 
 
 def test_seed_streams_never_collide_however_many_calls_a_step_makes():
@@ -71,8 +72,6 @@ def test_evaluation_samples_with_the_rollout_stop_tokens(cache_dir):
 
 def test_evaluation_counts_the_rewards_that_timed_out_or_raised(cache_dir, monkeypatch):
     """A held-out accuracy that falls because the reward failed must say so, as a training row does."""
-    from pathlib import Path
-
     from pc_megatron.evaluate import evaluate
     from pc_megatron.model.tokenizer import load_tokenizer
     from pc_megatron.prepare import initial_policy_dir, load_task
@@ -81,7 +80,7 @@ def test_evaluation_counts_the_rewards_that_timed_out_or_raised(cache_dir, monke
     from pc_megatron.rollout.base import SamplingParams
     from pc_megatron.rollout.engines import build_engine
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "workers"))  # the pool hands sys.path to its workers
+    monkeypatch.syspath_prepend(str(WORKERS))  # the pool hands sys.path to its workers
     cfg = load_config("tiny", ["eval.temperature=0"])
     policy = initial_policy_dir(cfg)
     tok = load_tokenizer(policy)

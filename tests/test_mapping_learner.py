@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-from tensor_checks import assert_close_to_scale
 from transformers import AutoModelForCausalLM
 
 from pc_megatron.batch import TokenBatch
 from pc_megatron.learner import Learner, LearnerConfig
 from pc_megatron.learner.export import load_hf_weights
 from pc_megatron.weight_sync import mapping
+from tests.tensor_checks import assert_close_to_scale
 
 
 @pytest.fixture(scope="module")

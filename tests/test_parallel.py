@@ -9,21 +9,16 @@
 - a deliberately wrong shard layout (fc1 split as plain row blocks) makes the parity check fail.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_model_families import CONFIGS, make_hf_model
 
 from pc_megatron.learner.export import load_hf_weights
 from pc_megatron.model.arch import load_arch
-
-WORKERS = Path(__file__).parent / "workers"
-sys.path.insert(0, str(WORKERS))
-from parallel_worker import batch  # noqa: E402
+from tests.hf_models import CONFIGS, make_hf_model
+from tests.torchrun import torchrun
+from tests.workers.parallel_worker import batch
 
 # name: (processes, TP, PP, extra environment)
 LAYOUTS = {
@@ -32,19 +27,6 @@ LAYOUTS = {
     "pp2": (2, 1, 2, {}),
     "dp2-distopt": (2, 1, 1, {"PCM_DIST_OPT": "1", "PCM_MICRO_BATCH": "1"}),
 }
-
-
-def torchrun(out: Path, nproc: int, args: list, env: dict | None = None) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [*cmd, str(WORKERS / "parallel_worker.py"), str(out), *map(str, args)],
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def kl_and_diff(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from test_train_integration import SMALL
 
 from pc_megatron.config import load_config
 from pc_megatron.data.dataset import PromptRow
@@ -16,6 +15,7 @@ from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.base import RolloutConfig
 from pc_megatron.rollout.engines import build_engine
 from pc_megatron.rollout.generate import encode_prompts, generate_and_score
+from tests.settings import SMALL
 
 
 def test_exact_pass_rate_matches_sampling():

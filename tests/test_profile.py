@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from test_train_integration import SMALL
-
 from pc_megatron import phases
 from pc_megatron.cli import main
+from tests.settings import SMALL
 
 PHASES = {"scheduler", "rollout", "reward", "engine_sleep", "logprob", "train", "optimizer", "sync"}
 

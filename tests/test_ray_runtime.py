@@ -13,12 +13,11 @@ import pytest
 
 pytest.importorskip("ray", reason="runtime=ray needs ray (in the test extra)")
 
-from test_train_integration import SMALL, comparable
-
 from pc_megatron.config import load_config
 from pc_megatron.observability import read_metrics
 from pc_megatron.runtime.ray_runtime import split_by_samples
 from pc_megatron.train import train
+from tests.settings import SMALL, comparable
 
 # the SMALL test model has one kv head; TP=2 needs two
 TWO_KV = ["model.tiny.num_kv_heads=2"]

@@ -16,9 +16,8 @@ import pytest
 
 pytest.importorskip("ray", reason="runtime=ray needs ray (in the test extra)")
 
-from test_train_integration import SMALL
-
 from pc_megatron.observability import read_metrics
+from tests.settings import SMALL
 
 NODES = (("pcmA", "10.77.0.1"), ("pcmB", "10.77.0.2"))  # addresses inside our own namespaces only
 PORT = 6390

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from test_train_integration import SMALL
-
 from pc_megatron.cli import main
 from pc_megatron.commands.report import FIGURES
 from pc_megatron.config import load_config
 from pc_megatron.train import train
+from tests.settings import SMALL
 
 
 def test_report_of_two_policies_side_by_side(cache_dir, tmp_path, capsys):

@@ -4,15 +4,13 @@ and the step goes on."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from pc_megatron.errors import ConfigError, RewardError
 from pc_megatron.rewards import RewardConfig, build_reward
 from pc_megatron.rewards.pool import RewardPool
-
-WORKERS = Path(__file__).parent / "workers"
+from tests.settings import WORKERS
 
 
 @pytest.fixture(autouse=True)

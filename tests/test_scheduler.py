@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pc_megatron.scheduler import Sample, Scheduler, SchedulerConfig
+from tests.settings import FIXTURES
 
 
 class Oracle:
@@ -349,9 +350,7 @@ def test_a_checkpoint_written_before_the_policy_objects_loads_and_continues_iden
     became objects; pickled as ``torch.save`` pickles it into a checkpoint), the oracle's draw counts
     then, and what that scheduler did next: the following steps' groups and stats and its final state
     dict. A scheduler of today loads it, does the same, and writes the same dict."""
-    from pathlib import Path
-
-    with open(Path(__file__).parent / "fixtures" / "scheduler_state_mixins.pkl", "rb") as f:
+    with open(FIXTURES / "scheduler_state_mixins.pkl", "rb") as f:
         fixture = pickle.load(f)
     for name, saved in fixture.items():
         assert saved["state_dict"]["pending"] and saved["state_dict"]["buffer"], name  # both kinds of entry

@@ -14,28 +14,7 @@ import pytest
 from pc_megatron.config import load_config
 from pc_megatron.observability import read_metrics
 from pc_megatron.train import train
-
-SMALL = [
-    "model.tiny.num_layers=2",
-    "model.tiny.hidden_size=128",
-    "model.tiny.num_heads=2",
-    "model.tiny.num_kv_heads=1",
-    "model.tiny.intermediate_size=256",
-    "data.synthetic.num_train=200",
-    "data.synthetic.num_eval=40",
-    "data.synthetic.num_sft=400",
-    "warmstart.steps=20",
-    "algo.prompts_per_step=8",
-    "algo.samples_per_prompt=4",
-    "eval.every_steps=2",
-    "progress=false",
-]
-TIME_KEYS = ("time_", "weight_sync_s", "weight_sync_gbps")  # wall-clock figures
-RATE_SUFFIX = "_per_s"  # throughputs (learner/train_tokens_per_s): wall-clock figures too
-
-
-def comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(TIME_KEYS) and not k.endswith(RATE_SUFFIX)}
+from tests.settings import SMALL, comparable
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ from pc_megatron.rollout.base import RolloutConfig, SamplingParams, VllmConfig, 
 from pc_megatron.rollout.hf_engine import HFEngine
 from pc_megatron.rollout.vllm_engine import VllmEngine
 from pc_megatron.weight_sync.manifest import WeightSyncError
+from tests.process_checks import sigkill_and_survivors
+from tests.settings import SMALL, WORKERS
 
 CFG = RolloutConfig(
     backend="vllm",
@@ -193,8 +195,6 @@ def test_one_perturbed_tensor_shows_in_the_mismatch_metric(engines, dirs):
 def test_the_training_loop_runs_on_the_vllm_engine(cache_dir, tmp_path):
     """Two GRPO steps with rollout.backend=vllm: every rollout is tagged with the version the
     engine served, the sync is exact (learner/engine mismatch at float noise) every step."""
-    from test_train_integration import SMALL
-
     from pc_megatron.config import load_config
     from pc_megatron.observability import read_metrics
     from pc_megatron.train import train
@@ -214,11 +214,8 @@ def test_an_engine_whose_owner_is_killed_ends_its_processes(tiny_model_dir):
     after a run was OOM-killed)."""
     import os
     import signal
-    from pathlib import Path
 
-    from process_checks import sigkill_and_survivors
-
-    worker = str(Path(__file__).parent / "workers" / "vllm_engine_worker.py")
+    worker = str(WORKERS / "vllm_engine_worker.py")
     children, left = sigkill_and_survivors([worker, str(tiny_model_dir)], wait_s=20)
     assert any("EngineCore" in cmd for cmd in children.values()), children
     for pid in left:  # clean up before failing
