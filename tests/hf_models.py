@@ -5,7 +5,6 @@ embeddings)."""
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 COMMON = dict(
     vocab_size=96,
@@ -24,15 +23,25 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 8192,
     "rope_theta": 10000.0,
 }
+
+
+def _config(kind: str, **kw):
+    import transformers  # here, not at the top: tests/conftest.py reads CONFIGS' names at every start
+
+    return getattr(transformers, kind)(**COMMON, **kw)
+
+
 CONFIGS = {
-    "qwen2-tied": lambda: Qwen2Config(**COMMON, tie_word_embeddings=True),
-    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False),
-    "llama3": lambda: LlamaConfig(**COMMON, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False),
+    "qwen2-tied": lambda: _config("Qwen2Config", tie_word_embeddings=True),
+    "qwen3": lambda: _config("Qwen3Config", head_dim=32, tie_word_embeddings=False),
+    "llama3": lambda: _config("LlamaConfig", rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False),
 }
 
 
 def make_hf_model(name, folder):
     """A random model with weights large enough that every component moves the logits."""
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(CONFIGS[name](), dtype=torch.float32)
     with torch.no_grad():
