@@ -33,6 +33,20 @@ def test_compare_refuses_bad_method_overrides_before_running_anything(tmp_path, 
     assert not out.exists()
 
 
+@pytest.fixture(scope="module")
+def prepared_cache(cache_dir):
+    """The session cache as one run of the compared recipe leaves it: the tiny model, its task and its
+    warm-start. compare starts its runs two at a time, and two runs preparing a cold cache at once
+    write the same cache folders (one run saw the other's half-written config.json); in its first
+    file (test_train_integration.py) this test always ran after a single run had prepared them."""
+    from pc_megatron.config import load_config
+    from pc_megatron.prepare import prepare_run
+
+    prepare_run(load_config("tiny", [*SMALL, "data.synthetic.num_eval_expected=200"]), progress=False)
+    return cache_dir
+
+
+@pytest.mark.usefixtures("prepared_cache")
 def test_compare_runs_every_method_at_every_seed_and_reports_intervals(cache_dir, tmp_path):
     from pc_megatron.commands.compare import compare
 
