@@ -1,7 +1,7 @@
-"""Config loading: recipes, overrides, and one-line errors for bad keys and values."""
+"""Config loading (``pc_megatron/config.py``): recipes, inheritance, overrides, and one-line errors for bad
+keys and values."""
 
-import subprocess
-import sys
+from __future__ import annotations
 
 import pytest
 
@@ -47,34 +47,8 @@ def test_unknown_recipe_lists_the_known_ones():
         load_config("nope")
 
 
-def test_cli_prints_one_error_line_without_traceback():
-    out = subprocess.run(
-        [sys.executable, "-m", "pc_megatron.cli", "train", "learner.lrr=1"], capture_output=True, text=True
-    )
-    assert out.returncode == 2
-    lines = [x for x in out.stderr.splitlines() if x.strip()]
-    assert lines == [
-        "error: override 'learner.lrr=1': unknown config key 'learner.lrr'; did you mean "
-        "learner.lr, learner.min_lr, learner.fp8?"
-    ]
-
-
-def test_config_show_prints_resolved_yaml():
-    out = subprocess.run(
-        [sys.executable, "-m", "pc_megatron.cli", "config", "show", "tiny", "seed=7"], capture_output=True, text=True
-    )
-    assert out.returncode == 0 and "seed: 7" in out.stdout and "prompts_per_step: 64" in out.stdout
-
-
-def test_default_recipe_uses_the_shipped_warm_start():
-    """A change to the tiny recipe or the SFT procedure that orphans the shipped warm-start
-    would make the default run retrain it (~7 min): re-ship with `pc-megatron warmstart --ship`."""
-    from pc_megatron.model.arch import load_arch
-    from pc_megatron.prepare import initial_policy_dir
-    from pc_megatron.warmstart import SHIPPED
-
-    path = initial_policy_dir(load_config("tiny"))
-    assert path.parent == SHIPPED and (path / "model.safetensors").is_file()
-    assert load_arch(path).hidden_size == 256
-    # the RL pool does not change the SFT rows, so both pools start from the shipped warm-start
-    assert initial_policy_dir(load_config("tiny", ["data.synthetic.pool=easy"])) == path
+def test_a_cycle_of_inheriting_recipes_is_an_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("inherit: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("inherit: a.yaml\n")
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        load_config(str(tmp_path / "a.yaml"))

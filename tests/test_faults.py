@@ -1,22 +1,17 @@
-"""Faults and bad input, round two: a cluster that does not answer, a checkpoint writer that outlives a
-killed run, a damaged state file, resumes that would rewrite the record, and the smaller checks that
-must come before any process starts. (SIGTERM mid-run: tests/test_train_integration.py.)"""
+"""Faults and bad input, round two: a cluster that does not answer, resumes that would rewrite the record,
+and the smaller checks that must come before any process starts. (SIGTERM mid-run: tests/test_train.py;
+a checkpoint writer that outlives a killed run: tests/compat/test_checkpoint_writer.py; a damaged state
+file: tests/checkpoint/test_checkpoint.py.)"""
 
 import json
-import os
-import signal
 import time
-from pathlib import Path
 
 import pytest
-import torch
-from process_checks import sigkill_and_survivors
 
 from pc_megatron.cli import main
 from pc_megatron.config import load_config
-from pc_megatron.errors import ConfigError, ModelFileError
-
-WORKERS = Path(__file__).parent / "workers"
+from pc_megatron.errors import ConfigError
+from tests.settings import SMALL
 
 
 def test_an_unreachable_cluster_is_one_clear_error_before_any_run_folder(tmp_path, capsys):
@@ -30,43 +25,8 @@ def test_an_unreachable_cluster_is_one_clear_error_before_any_run_folder(tmp_pat
     assert list(tmp_path.iterdir()) == []  # nothing was started, no run folder
 
 
-def _writer_helpers(tiny_model_dir, tmp_path, *flags) -> list[int]:
-    worker = [str(WORKERS / "checkpoint_writer_worker.py"), str(tiny_model_dir), str(tmp_path / "ckpt"), *flags]
-    helpers, left = sigkill_and_survivors(worker, wait_s=10)
-    assert helpers
-    return left
-
-
-def test_the_checkpoint_writers_helper_dies_with_a_killed_run(tiny_model_dir, tmp_path):
-    """Megatron-Core's writer starts a spawn-context manager process on the first save; the learner's
-    replacement asks the kernel to kill it with its parent."""
-    assert _writer_helpers(tiny_model_dir, tmp_path) == []
-
-
-def test_negative_control_megatrons_own_writer_helper_outlives_a_killed_run(tiny_model_dir, tmp_path):
-    left = _writer_helpers(tiny_model_dir, tmp_path, "--megatron-own-queue")
-    for pid in left:  # clean up what the control proves is left behind
-        os.kill(pid, signal.SIGKILL)
-    assert left, "Megatron's own helper died too: the test above could not fail"
-
-
-def test_a_damaged_state_file_gets_the_same_clear_message_as_a_damaged_shard(tmp_path):
-    from pc_megatron.checkpoint import load_latest
-
-    step = tmp_path / "step_000002"
-    step.mkdir()
-    torch.save({"loop": {"step": 2}}, step / "state.pt")
-    (tmp_path / "latest").write_text("step_000002")
-    data = (step / "state.pt").read_bytes()
-    (step / "state.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ModelFileError, match=r"state.pt: cannot read .* damaged or incomplete.*checkpoints/latest"):
-        load_latest(tmp_path)
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, cache_dir):
-    from test_train_integration import SMALL
-
     out = tmp_path_factory.mktemp("resume")
     assert main(["train", "tiny", *SMALL, "steps=2", f"out_dir={out}", "name=run"]) == 0
     return out / "run"
@@ -115,22 +75,3 @@ def test_the_smaller_checks_come_first_and_say_what_is_wrong(tmp_path, tiny_mode
     t0 = time.time()
     assert main(["train", "tiny", "runtime=ray", "learner.tensor_parallel_size=3", f"out_dir={tmp_path / 'r2'}"]) == 2
     assert time.time() - t0 < 10 and not (tmp_path / "r2").exists()
-
-
-def test_plan_suggests_the_distributed_optimizer_only_where_it_shards():
-    from pc_megatron.commands.plan import plan
-
-    one = plan(
-        load_config("polaris-14b", ["learner.data_parallel_size=1", "learner.distributed_optimizer=false"]), gpu_gib=20
-    )
-    assert one["problems"] and not any("distributed_optimizer" in p for p in one["problems"])
-    many = plan(load_config("polaris-14b", ["learner.distributed_optimizer=false"]), gpu_gib=20)
-    assert any("distributed_optimizer=true" in p for p in many["problems"])
-
-
-def test_plan_names_the_dimension_a_tensor_parallel_size_does_not_divide():
-    """Qwen3-14B has 8 KV heads: TP 3 was reported as a missing weight route, never as the real reason."""
-    from pc_megatron.commands.plan import plan
-
-    with pytest.raises(ConfigError, match="tensor-parallel size 3 does not divide the model's num_key_value_heads=8"):
-        plan(load_config("polaris-14b", ["learner.tensor_parallel_size=3"]))

@@ -3,7 +3,7 @@
     python tools/bench_reward.py [--n 1000] [--workers 1 2] [--hang-frac 0.01] [--timeout-s 2]
 
 Builds ``--n`` chain-of-thought completions (a few hundred words of working, then a boxed final
-answer in one of the spellings of tests/test_math_reward.py, right or wrong against the reference),
+answer in one of the spellings of tests/rewards/test_math.py, right or wrong against the reference),
 and scores them with ``reward.name=math_verify`` through ``pc-megatron score``'s code path: once
 clean, and once with ``--hang-frac`` of them ending in an expression that hangs the parser (each
 costs ``--timeout-s`` of one worker). Every configuration is run in one process, side by side.
@@ -18,12 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from test_math_reward import PAIRS
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: its tests package
 
 from pc_megatron.rewards import RewardConfig
 from pc_megatron.rewards.offline import score_file
+from tests.rewards.test_math import PAIRS
 
 WORDS = "let the sum be so we get then divide both sides by hence substitute into the equation and simplify".split()
 

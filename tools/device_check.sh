@@ -9,11 +9,11 @@
 # pytest; no vLLM, Transformer Engine or Ray, no registry. megatron-core, omegaconf and antlr4 come
 # as wheels in .whl/ (carry=[".whl"]). One GPU: no NCCL between GPUs. So the parts are:
 #
-#  gpu-tests         tests marked gpu that can run here (tests/test_gpu.py, tests/test_sync_integrity.py):
+#  gpu-tests         tests marked gpu that can run here, beside the modules they test (GPU_TESTS below):
 #                    packed vs padded ragged micro-batches on the local spec (CUDA), the pinned
 #                    offload, CUDA IPC into another process with a delayed copy-out and checksums;
 #                    the TE / vLLM / two-GPU ones skip, each saying why
-#  kernel-tests      the Triton kernels compiled (tests/test_grpo_loss_kernel.py)
+#  kernel-tests      the Triton kernels compiled (tests/kernels/test_grpo_loss.py)
 #  learner-ragged    tools/bench_learner.py --ragged at the Qwen2.5-1.5B shape, bf16: padded rows
 #                    against token-budget micro-batches (padded and packed), tokens/s and peak memory
 #  distopt-resume    pc-megatron train tiny with the distributed optimizer to step 4, then --resume to
@@ -102,8 +102,11 @@ json.dump(env, open(sys.argv[1], "w"), indent=2)
 print(json.dumps(env))
 PY
 
-part gpu-tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_sync_integrity.py -rs
-part kernel-tests 90 python3 -m pytest -q -p no:cacheprovider tests/test_grpo_loss_kernel.py -rs
+# the files that hold tests marked gpu (`grep -rl mark.gpu tests`), but the kernels' (kernel-tests)
+GPU_TESTS="tests/learner/test_learner.py tests/learner/test_offload.py tests/rollout/test_vllm_engine.py
+    tests/weight_sync/test_receiver.py tests/weight_sync/test_transport.py"
+part gpu-tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS -rs
+part kernel-tests 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_grpo_loss.py -rs
 part learner-ragged 150 python3 tools/bench_learner.py --ragged --shape qwen1.5b --rows 64 --mu 6.3 --sigma 0.8 \
     --min-len 64 --max-len 8192 --budget 16384 --rounds 1 --steps 2 --workdir /tmp/pcm-ragged --out "$OUT/learner_ragged.json"
 part distopt-resume 90 bash -c 'rm -rf /tmp/pcm-runs/distopt && \
@@ -116,9 +119,11 @@ json.dump({\"steps\": [r[\"step\"] for r in rows], \"loss\": [r.get(\"loss\") fo
 part bench-sync 75 python3 tools/bench_weight_sync.py --skip-sync --skip-rollout --transports cuda_ipc shm bytes \
     --receivers 1 --repeats 3 --workdir /tmp/pcm-bench-sync --out "$OUT/sync.json"
 part learner-dense 90 python3 tools/bench_learner.py --seq 1024 --batch 8 --steps 3 --out "$OUT/learner_dense.json"
-part cpu-tests-on-cuda 120 python3 -m pytest -q -p no:cacheprovider tests/test_mapping_learner.py tests/test_rollout.py \
-    tests/test_loop_parts.py tests/test_advantages_loss.py tests/test_microbatch.py \
-    tests/test_learner_shape.py -k "not cut_layout_or_parallelism and not pipeline_export"
+part cpu-tests-on-cuda 120 python3 -m pytest -q -p no:cacheprovider -m "not gpu and not slow" \
+    tests/learner/test_learner.py tests/learner/test_export.py tests/learner/test_checkpoint_io.py \
+    tests/weight_sync/test_mapping.py tests/rollout/test_hf_engine.py tests/test_batch.py tests/test_evaluate.py \
+    tests/test_phases.py tests/test_observability.py tests/algo tests/learner/test_microbatch.py \
+    tests/learner/test_layout.py
 
 summarise
 {

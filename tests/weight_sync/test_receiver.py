@@ -1,0 +1,110 @@
+"""A reused sync buffer against a receiver in another process (``pc_megatron/weight_sync/receiver.py``): the
+receiver copies out (and, on GPU, synchronises) before its load call answers, so a slow copy-out still
+gets every bucket intact; a receiver that answered first and copied later would read the next bucket,
+and the checksum says so.
+
+The shm transport runs here; the CUDA IPC one is the same test, marked ``gpu``."""
+
+import multiprocessing as mp
+import time
+
+import pytest
+import torch
+
+from pc_megatron.weight_sync.buckets import checksum, unpack
+from pc_megatron.weight_sync.receiver import BucketReceiver
+from pc_megatron.weight_sync.transport import make_sender
+
+DELAY_S = 0.3
+
+
+def _buckets() -> list[list[tuple[str, torch.Tensor]]]:
+    """Three buckets of the same layout (so the sender refills one buffer) with different contents."""
+    g = torch.Generator().manual_seed(0)
+    return [[("w", torch.randn(64, 32, generator=g)), ("b", torch.randn(32, generator=g))] for _ in range(3)]
+
+
+def _receiver(conn, mode: str, device: str) -> None:
+    """Per handle: ``copy``: sleep, copy out, answer; ``deferred``: answer, sleep, then read the
+    buffer (what an unsynchronised copy-out amounts to). Reports whether each bucket matched."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(0)
+    rx = BucketReceiver(device)
+    results = []
+    while (handle := conn.recv()) is not None:
+        if mode == "copy":
+            time.sleep(DELAY_S)
+            tensors = rx.open(handle)  # checks the checksum itself
+            conn.send("loaded")
+            results.append(True)
+        else:
+            views = _deferred_views(rx, handle)
+            conn.send("loaded")
+            time.sleep(DELAY_S)  # the sender refills the buffer meanwhile
+            tensors = [(n, t.clone()) for n, t in views]
+            results.append(checksum(tensors) == handle["checksum"])
+        results[-1] = results[-1] and all(torch.isfinite(t).all() for _, t in tensors)
+    conn.send(results)
+
+
+def _deferred_views(rx: BucketReceiver, handle: dict):
+    from pc_megatron.weight_sync.buckets import TensorMeta
+    from pc_megatron.weight_sync.receiver import open_ipc_buffer
+
+    metas = [TensorMeta(n, d, tuple(s), o, b) for n, d, s, o, b in handle["metas"]]
+    if handle["kind"] == "shm":
+        buffer = torch.from_file(handle["path"], shared=True, size=handle["size"], dtype=torch.uint8)
+    else:
+        buffer = open_ipc_buffer(handle)
+    return unpack(buffer, metas, copy=False)
+
+
+def _run(kind: str, mode: str, device: str) -> list[bool]:
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_receiver, args=(theirs, mode, device))
+    proc.start()
+    sender = make_sender(kind, 1 << 20, verify=True)
+    try:
+        for bucket in _buckets():
+            handle = sender.pack([(n, t.to(device)) for n, t in bucket])
+            mine.send(handle)
+            assert mine.recv() == "loaded"  # the load call answered: the sender may refill now
+        mine.send(None)
+        return mine.recv()
+    finally:
+        proc.join(timeout=30)
+        sender.close()
+
+
+def test_shm_receiver_that_copies_before_answering_gets_every_bucket_intact():
+    assert _run("shm", "copy", "cpu") == [True, True, True]
+
+
+def test_negative_control_a_receiver_that_answers_before_copying_reads_the_next_bucket():
+    """The checksum catches what the protocol prevents: the deferred reads of the first two buckets
+    see the next bucket's bytes (the last one has no successor to overwrite it)."""
+    assert _run("shm", "deferred", "cpu") == [False, False, True]
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_receiver_that_copies_before_answering_gets_every_bucket_intact():
+    assert _run("cuda_ipc", "copy", "cuda:0") == [True, True, True]
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_negative_control_deferred_reads_see_the_next_bucket():
+    assert _run("cuda_ipc", "deferred", "cuda:0") == [False, False, True]
+
+
+def test_a_damaged_bucket_is_refused_on_arrival():
+    """``verify``: the receiver compares its copies with the sender's checksum."""
+    from pc_megatron.weight_sync.manifest import WeightSyncError
+
+    sender = make_sender("bytes", 1 << 20, verify=True)
+    handle = sender.pack(_buckets()[0])
+    BucketReceiver().open(handle)  # intact
+    data = bytearray(handle["data"])
+    data[100] ^= 0xFF
+    with pytest.raises(WeightSyncError, match="arrived damaged"):
+        BucketReceiver().open({**handle, "data": bytes(data)})
