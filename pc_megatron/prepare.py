@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pc_megatron.data.task import Task, cache_root, config_hash, prepare_prompts, prepare_task
-from pc_megatron.embedded.tiny_model import create_tiny_model
 from pc_megatron.model.arch import load_arch
 from pc_megatron.model.config import ModelConfig
 from pc_megatron.model.tokenizer import load_tokenizer
@@ -50,6 +49,8 @@ def base_model_dir(model: ModelConfig, cache: Path, progress: bool = True) -> Pa
         return fixture_dir(model.fixture, cache, progress)
     base = cache / "init" / config_hash(model.tiny)
     if not (base / "model.safetensors").is_file():
+        from pc_megatron.embedded.tiny_model import create_tiny_model  # the embedded task's only
+
         create_tiny_model(model.tiny, base)
     return base
 

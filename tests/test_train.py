@@ -202,7 +202,6 @@ def test_allocation_policies_run_end_to_end_and_resume_exactly(policy, cache_dir
         "checkpoint.every_steps=2",
         "scheduler.p_lower=0.0",
         "scheduler.request_multiple=4",
-        *(["algo.loss.tis_cap=2.0"] if policy == "pilot_commit" else []),
     ]
     full = train(load_config("tiny", [*common, "steps=4"]), tmp_path / "full")
     rows = read_metrics(tmp_path / "full")
@@ -211,8 +210,8 @@ def test_allocation_policies_run_end_to_end_and_resume_exactly(policy, cache_dir
     assert all(r["sched/groups"] <= 8 for r in rows[1:])
     if policy == "pilot_commit":
         assert rows[-1]["sched/cum_generated_pilot"] > 0 and rows[-1]["sched/cum_generated_commit"] > 0
-        # truncated IS: on-policy tokens weigh ~1, stale pilot tokens anything up to the cap
-        assert all(0 < r["tis_weight_mean"] <= 2.0 for r in rows[1:])
+        # the default correction (truncated IS): on-policy tokens weigh ~1, stale pilot tokens up to the cap
+        assert all(0 < r["correction/weight_mean"] <= 2.0 and 0 < r["correction/ess"] <= 1 for r in rows[1:])
     train(load_config("tiny", [*common, "steps=2"]), tmp_path / "cut")
     resumed_cfg = load_config(str(tmp_path / "cut" / "config.yaml"), ["steps=4"])
     train(resumed_cfg, tmp_path / "cut", resume=True)

@@ -97,7 +97,7 @@ def ragged_child(args) -> dict:
     batch = TokenBatch(tokens, mask)
     adv = torch.linspace(-1, 1, len(lengths))
     old = learner.logprobs(batch)
-    learner.train_rl(batch, old, adv, LossConfig(), 1.0)  # warm-up
+    learner.train_rl(batch, old, adv, LossConfig(correction="none"), 1.0)  # warm-up
     learner.take_pass_stats()
     sync()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -110,7 +110,7 @@ def ragged_child(args) -> dict:
     logprob_s = (time.perf_counter() - t0) / args.steps
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        learner.train_rl(batch, old, adv, LossConfig(), 1.0)
+        learner.train_rl(batch, old, adv, LossConfig(correction="none"), 1.0)
     sync()
     train_s = (time.perf_counter() - t0) / args.steps
     passes = learner.take_pass_stats()["train"]
@@ -218,13 +218,13 @@ def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, i
     data = TokenBatch(tokens.to(learner.device), torch.ones(batch, seq - 1, device=learner.device))
     adv = torch.linspace(-1, 1, batch, device=learner.device)
     old = learner.logprobs(data)
-    learner.train_rl(data, old, adv, LossConfig(), 1.0)  # warm-up (TE autotuning, FP8 scales)
+    learner.train_rl(data, old, adv, LossConfig(correction="none"), 1.0)  # warm-up (TE autotuning, FP8 scales)
     sync()
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for _ in range(steps):
-        learner.train_rl(data, old, adv, LossConfig(), 1.0)
+        learner.train_rl(data, old, adv, LossConfig(correction="none"), 1.0)
     sync()
     dt = (time.perf_counter() - t0) / steps
     peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")
@@ -258,7 +258,9 @@ def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, i
             moves[f"pinned_{k}_offload_s"] = timed(lambda: host.offload(opt, learner.model.parameters()))
             moves[f"pinned_{k}_restore_s"] = timed(lambda: host.restore(opt))
         moves["state_gb"] = host.host_bytes / 1e9
-        after = learner.train_rl(data, old, adv, LossConfig(), 1.0)  # still trains after the round trips
+        after = learner.train_rl(
+            data, old, adv, LossConfig(correction="none"), 1.0
+        )  # still trains after the round trips
         moves["loss_after"] = float(after["loss"])
     return {
         "step_s": dt,

@@ -6,6 +6,8 @@ any downloaded model.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from pc_megatron.model.config import TinyModelConfig
@@ -56,15 +58,23 @@ def hf_config(cfg: TinyModelConfig, tokenizer):
 
 
 def create_tiny_model(cfg: TinyModelConfig, out_dir: str | Path) -> Path:
-    """Write a randomly initialised tiny Qwen2 + tokenizer to ``out_dir`` (HF format)."""
+    """Write a randomly initialised tiny Qwen2 + tokenizer to ``out_dir`` (HF format): into a folder of
+    this process's own, renamed when complete, so that two runs filling one cache at once never read
+    a half-written folder (the same seed gives the same model: the first one in is kept)."""
+    import torch
     from transformers import Qwen2ForCausalLM
 
     out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f"{out_dir.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = build_tokenizer()
-    import torch
-
     torch.manual_seed(cfg.init_seed)
     model = Qwen2ForCausalLM(hf_config(cfg, tokenizer))
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if (out_dir / "model.safetensors").is_file():  # another run got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out_dir
+    shutil.rmtree(out_dir, ignore_errors=True)  # a folder a killed run left half-written
+    os.replace(tmp, out_dir)
     return out_dir

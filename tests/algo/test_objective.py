@@ -12,7 +12,14 @@ import torch
 from kernels.grpo_loss import grpo_loss
 from kernels.grpo_loss.reference import clipped_surrogate, logprob_entropy_reference
 from pc_megatron.algo.config import AGG_MODES, LossConfig
-from pc_megatron.algo.objective import aggregation_weights, check_inputs, rl_objective, stat_keys
+from pc_megatron.algo.objective import (
+    CORRECTION_KEYS,
+    aggregation_weights,
+    check_inputs,
+    effective_sample_size,
+    rl_objective,
+    stat_keys,
+)
 
 B, K = 5, 7
 
@@ -46,7 +53,8 @@ def _by_hand(x: dict[str, torch.Tensor], cfg: LossConfig, units_scale: float) ->
     """The module docstring's formulas, token by token in Python floats."""
     t = {k: v.tolist() for k, v in x.items()}
     total, units = 0.0, 0.0
-    sums = dict.fromkeys(("tokens", "clipfrac", "entropy", "kl", "tis_weight_mean", "tis_truncated_frac"), 0.0)
+    keys = ("tokens", "clipfrac", "entropy", "kl", *CORRECTION_KEYS)
+    sums = dict.fromkeys(keys, 0.0)
     for i in range(B):
         row, n = 0.0, sum(t["mask"][i])
         for j in range(K):
@@ -54,11 +62,16 @@ def _by_hand(x: dict[str, torch.Tensor], cfg: LossConfig, units_scale: float) ->
                 continue
             lp, old = t["logp"][i][j], t["old_logp"][i][j]
             w = 1.0
-            if cfg.tis_cap > 0:
-                raw = math.exp(old - t["behaviour_logp"][i][j])
-                w = min(raw, cfg.tis_cap)
-                sums["tis_weight_mean"] += w
-                sums["tis_truncated_frac"] += raw > cfg.tis_cap
+            if cfg.correction != "none":
+                rho = math.exp(old - t["behaviour_logp"][i][j])
+                if cfg.correction == "tis":
+                    w, out = min(rho, cfg.tis_cap), rho > cfg.tis_cap
+                else:
+                    out = not 1 / cfg.tis_cap <= rho <= cfg.tis_cap
+                    w = 0.0 if out else 1.0
+                sums["correction/weight_mean"] += w
+                sums["correction/clipped_frac"] += out
+                sums["correction/weight_sq_mean"] += w * w
             a, r = t["advantages"][i] * w, math.exp(lp - old)
             unclipped, clipped = -a * r, -a * min(max(r, 1 - cfg.clip_low), 1 + cfg.clip_high)
             loss = max(unclipped, clipped)
@@ -83,13 +96,15 @@ def _by_hand(x: dict[str, torch.Tensor], cfg: LossConfig, units_scale: float) ->
     return total, units, sums
 
 
-@pytest.mark.parametrize(("agg", "tis", "kl", "entropy"), itertools.product(AGG_MODES, *[(False, True)] * 3))
-def test_objective_matches_a_float64_hand_computation(agg, tis, kl, entropy):
+@pytest.mark.parametrize(
+    ("agg", "correction", "kl", "entropy"), itertools.product(AGG_MODES, ("none", "tis", "mask"), *[(False, True)] * 2)
+)
+def test_objective_matches_a_float64_hand_computation(agg, correction, kl, entropy):
     cfg = LossConfig(
-        agg=agg, norm_tokens=9, tis_cap=2.0 if tis else 0.0, kl_coef=0.1 if kl else 0.0, entropy_coef=0.01 * entropy
+        agg=agg, norm_tokens=9, correction=correction, kl_coef=0.1 if kl else 0.0, entropy_coef=0.01 * entropy
     )
     x = _inputs()
-    scale = 0.75 if tis else 1.0
+    scale = 0.75 if correction != "none" else 1.0
     loss, units, sums = rl_objective(**x, cfg=cfg, units_scale=scale)
     want_loss, want_units, want = _by_hand(x, cfg, scale)
     assert loss.dtype == units.dtype == torch.float64
@@ -98,8 +113,8 @@ def test_objective_matches_a_float64_hand_computation(agg, tis, kl, entropy):
     assert set(sums) == {"tokens", *stat_keys(cfg)}
     for key, value in sums.items():
         assert float(value) == pytest.approx(want[key], rel=1e-12, abs=1e-14), key
-    if tis:  # the cases bite: some weights capped, some not; some tokens clipped
-        assert 0 < want["tis_truncated_frac"] < want["tokens"]
+    if correction != "none":  # the cases bite: some weights capped (or masked), some not; some tokens clipped
+        assert 0 < want["correction/clipped_frac"] < want["tokens"]
     assert 0 < want["clipfrac"] < want["tokens"]
 
 
@@ -114,7 +129,7 @@ def test_objective_is_the_kernel_reference_math(agg):
     logp, entropy = logprob_entropy_reference(logits, targets, 0.9)
     logp, entropy = logp.view(B, K), entropy.view(B, K)
     adv = x["advantages"][:, None].expand(B, K)
-    cfg = LossConfig(agg=agg, norm_tokens=9, kl_coef=0.2)
+    cfg = LossConfig(agg=agg, norm_tokens=9, kl_coef=0.2, correction="none")
     loss, units, sums = rl_objective(logp, entropy, x["old_logp"], adv, x["mask"], cfg, ref_logp=x["ref_logp"])
     per_token, clipped, kl = clipped_surrogate(logp, x["old_logp"], adv, 0.2, 0.28, x["ref_logp"], 0.2)
     w, u = aggregation_weights(x["mask"].sum(1), agg, 9)
@@ -170,7 +185,41 @@ def test_cut_batches_and_dropped_zero_rows_give_the_whole_batchs_loss(agg):
     assert float(part / part_units) == pytest.approx(float(loss / units), rel=1e-12) and float(loss) != 0
 
 
-def test_tis_without_behaviour_logprobs_is_refused_before_and_during_a_pass():
+def test_the_correction_is_on_by_default_and_weighs_each_token_by_its_behaviour_ratio():
+    """tis: w = min(rho, C); mask: the tokens outside [1/C, C] weigh nothing; with every ratio one
+    (the engine sampled with the weights being trained) no token moves and the ESS is 1; none
+    ignores the behaviour policy."""
+    assert LossConfig().correction == "tis" and LossConfig().tis_cap == 2.0
+    x = _inputs()
+    rho = torch.exp(x["old_logp"] - x["behaviour_logp"])
+    on = x["mask"] == 1
+    for correction, weight in (
+        ("tis", rho.clamp(max=2.0)),
+        ("mask", ((rho >= 0.5) & (rho <= 2.0)).double()),
+    ):
+        _, _, sums = rl_objective(**x, cfg=LossConfig(correction=correction))
+        assert float(sums["correction/weight_mean"]) == pytest.approx(float(weight[on].sum()), rel=1e-12)
+        mean, square = weight[on].mean(), weight[on].square().mean()
+        ess = effective_sample_size(float(mean), float(square))
+        assert ess == pytest.approx(float(weight[on].sum() ** 2 / (on.sum() * weight[on].square().sum())))
+        assert 0 < ess < 1  # unequal weights: fewer effective tokens
+    on_policy = dict(x, behaviour_logp=x["old_logp"].clone())
+    _, _, sums = rl_objective(**on_policy, cfg=LossConfig(correction="mask"))
+    assert float(sums["correction/clipped_frac"]) == 0
+    assert float(sums["correction/weight_mean"]) == float(sums["correction/weight_sq_mean"]) == float(sums["tokens"])
+    plain = rl_objective(**x, cfg=LossConfig(correction="none"))[0]
+    assert float(plain) == float(rl_objective(**dict(x, behaviour_logp=None), cfg=LossConfig(correction="none"))[0])
+    assert float(plain) != float(rl_objective(**x, cfg=LossConfig())[0])
+
+
+def test_a_bound_below_one_names_the_way_to_turn_the_correction_off():
+    from pc_megatron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tis_cap=0.5: .* algo.loss.correction=none"):
+        LossConfig(tis_cap=0.5).validate()
+
+
+def test_a_correction_without_behaviour_logprobs_is_refused_before_and_during_a_pass():
     x = _inputs()
     x.pop("behaviour_logp")
     cfg = LossConfig(tis_cap=2.0)
@@ -199,13 +248,13 @@ def _token_losses(logp, old, adv, cfg, ref_logp=None):
 def test_loss_is_minus_advantage_at_ratio_one():
     logp = torch.randn(3, 5)
     adv = torch.tensor([[1.0], [-2.0], [0.5]])
-    got = _token_losses(logp, logp.clone(), adv, LossConfig())
+    got = _token_losses(logp, logp.clone(), adv, LossConfig(correction="none"))
     assert torch.allclose(got["loss"], -adv.expand(3, 5).double())
     assert got["clipped"].sum() == 0
 
 
 def test_clip_low_and_high_bounds_are_separate():
-    cfg = LossConfig(clip_low=0.2, clip_high=0.28)
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28, correction="none")
     old = torch.zeros(1, 4)
     # ratios 1.5 and 0.5 with positive / negative advantages
     logp = torch.log(torch.tensor([[1.5, 1.5, 0.5, 0.5]]))
@@ -218,7 +267,7 @@ def test_clip_low_and_high_bounds_are_separate():
 
 
 def test_tokens_exactly_at_clip_boundary_keep_gradient():
-    cfg = LossConfig(clip_low=0.2, clip_high=0.28)
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28, correction="none")
     logp = torch.log(torch.tensor([[1.28, 0.8]])).requires_grad_()
     loss, _, _ = rl_objective(
         logp, torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), cfg
@@ -228,7 +277,7 @@ def test_tokens_exactly_at_clip_boundary_keep_gradient():
 
 
 def test_kl_penalty_is_zero_at_reference_and_positive_elsewhere():
-    cfg = LossConfig(kl_coef=0.5)
+    cfg = LossConfig(kl_coef=0.5, correction="none")
     logp = torch.log(torch.tensor([[0.5, 0.2]]))
     base = _token_losses(logp, logp, torch.zeros(1, 2), cfg, ref_logp=logp)
     assert torch.allclose(base["loss"], torch.zeros(1, 2, dtype=torch.float64))

@@ -51,8 +51,9 @@ def _groups(num_groups: int, per_group: int):
 
 
 def _algo(**kw) -> AlgoConfig:
-    """The algo section for rl_update: all rows trained unless asked (skip_zero_advantage off)."""
-    return AlgoConfig(**{"skip_zero_advantage": False} | kw)
+    """The algo section for rl_update: all rows trained unless asked (skip_zero_advantage off), no
+    behaviour correction (the completions' log-probs here are placeholders, not a policy's)."""
+    return AlgoConfig(**{"skip_zero_advantage": False, "loss": LossConfig(correction="none")} | kw)
 
 
 def test_mini_batches_first_step_is_a_single_step_on_its_rows_and_later_steps_clip(ragged_model):
@@ -80,7 +81,7 @@ def test_mini_batches_first_step_is_a_single_step_on_its_rows_and_later_steps_cl
     rewards = torch.tensor([s.reward for g in groups for s in g.samples])
     adv = group_advantages(rewards, torch.arange(4).repeat_interleave(4), True)
     old = single.logprobs(batch)
-    single.train_rl(batch.rows(rows), old[rows], adv[rows], LossConfig(), 1.0)
+    single.train_rl(batch.rows(rows), old[rows], adv[rows], LossConfig(correction="none"), 1.0)
     first = rec.steps[0][1]
     for n, p in single.module.named_parameters():
         assert torch.allclose(p, first[n], atol=1e-6), n
@@ -129,7 +130,7 @@ def test_rows_of_all_alike_groups_skipped_give_the_same_step_at_less_compute(rag
     for g, value in ((groups[1], 1.0), (groups[3], 0.0)):
         for s in g.samples:
             s.reward, s.correct = value, bool(value)
-    loss = LossConfig(agg=agg)
+    loss = LossConfig(agg=agg, correction="none")
     results = {}
     for skip in (False, True):
         learner = Learner(ragged_model, LearnerConfig(lr=1e-3, clip_grad=0.0, max_tokens_per_micro_batch=64), seed=0)

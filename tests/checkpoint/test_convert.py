@@ -52,7 +52,7 @@ def test_training_checkpoint_to_hf(tiny_model_dir, tmp_path):
     learner = Learner(tiny_model_dir, LearnerConfig(lr=1e-2), seed=0)
     tokens = torch.randint(2, 23, (2, 6), generator=torch.Generator().manual_seed(3))
     batch = TokenBatch(tokens, torch.ones(2, 5))
-    learner.train_rl(batch, learner.logprobs(batch), torch.tensor([1.0, -1.0]), LossConfig(), 1.0)
+    learner.train_rl(batch, learner.logprobs(batch), torch.tensor([1.0, -1.0]), LossConfig(correction="none"), 1.0)
     run = tmp_path / "run"
     save_checkpoint(run / "checkpoints", 1, {}, keep_last=1, hf_side=tiny_model_dir, learner=learner)
     assert main(["convert", "--to", "hf", str(run), str(tmp_path / "out")]) == 0  # a run dir: latest checkpoint

@@ -48,7 +48,7 @@ def test_saved_learner_resumes_exactly(tiny_model_dir, tmp_path, distributed_opt
     batch = TokenBatch(tokens, torch.ones(3, 6))
     adv = torch.tensor([1.0, -0.5, 0.3])
     first = Learner(tiny_model_dir, cfg, seed=0)
-    first.train_rl(batch, first.logprobs(batch), adv, LossConfig(), 1.0)
+    first.train_rl(batch, first.logprobs(batch), adv, LossConfig(correction="none"), 1.0)
     first.save(tmp_path / "ckpt")
     second = Learner(tiny_model_dir, cfg, seed=1)
     second.load(tmp_path / "ckpt")
@@ -59,7 +59,7 @@ def test_saved_learner_resumes_exactly(tiny_model_dir, tmp_path, distributed_opt
             p.copy_(q)
     for lrn in (first, second, weights_only):
         old = lrn.logprobs(batch)
-        lrn.stats = _results(lrn.train_rl(batch, old, adv, LossConfig(), 1.0))
+        lrn.stats = _results(lrn.train_rl(batch, old, adv, LossConfig(correction="none"), 1.0))
     assert first.stats == second.stats
     for (n, a), (_, b) in zip(first.module.named_parameters(), second.module.named_parameters(), strict=True):
         assert torch.equal(a, b), n

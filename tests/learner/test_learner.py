@@ -63,7 +63,7 @@ def test_nan_loss_stops_with_a_clear_error_and_applies_nothing(tiny_model_dir):
     batch = TokenBatch(tokens, torch.ones(2, 5))
     old = learner.logprobs(batch)
     with pytest.raises(TrainingError, match="non-finite loss.*last checkpoint is intact"):
-        learner.train_rl(batch, old, torch.tensor([float("nan"), 1.0]), LossConfig(), 1.0)
+        learner.train_rl(batch, old, torch.tensor([float("nan"), 1.0]), LossConfig(correction="none"), 1.0)
     assert learner.version == 0
     for n, p in learner.module.named_parameters():
         assert torch.equal(p, before[n])
@@ -86,14 +86,14 @@ def test_triton_loss_path_matches_the_torch_reference_in_the_learner(tiny_model_
     assert torch.allclose(old["torch"], old["triton"], atol=1e-5)
     adv = torch.tensor([1.0, -0.5, 0.3])
     for lrn in learners.values():
-        lrn.train_rl(batch, old["torch"], adv, LossConfig(), 0.9)
+        lrn.train_rl(batch, old["torch"], adv, LossConfig(correction="none"), 0.9)
     grads = {impl: {n: p.main_grad for n, p in lrn.module.named_parameters()} for impl, lrn in learners.items()}
     for name, g in grads["torch"].items():
         assert g.abs().max() > 0 and torch.allclose(g, grads["triton"][name], rtol=1e-4, atol=1e-7), name
 
 
 def test_truncated_is_weights_scale_each_tokens_policy_gradient(tiny_model_dir):
-    """algo.loss.tis_cap: the weight w = pi_old / pi_behaviour multiplies that token's advantage,
+    """algo.loss.correction=tis: the weight w = pi_old / pi_behaviour multiplies that token's advantage,
     so a weight that is constant along a row equals scaling the row's advantage, and w = 1 (the
     engine sampled with the learner's weights) changes nothing."""
     from pc_megatron.algo import LossConfig
@@ -112,11 +112,11 @@ def test_truncated_is_weights_scale_each_tokens_policy_gradient(tiny_model_dir):
     for name, (a, w) in runs.items():
         lrn = Learner(tiny_model_dir, LearnerConfig(), seed=0)
         old = lrn.logprobs(batch)
-        cfg = LossConfig(tis_cap=10.0 if w is not None else 0.0)
+        cfg = LossConfig(tis_cap=10.0, correction="tis" if w is not None else "none")
         behaviour = old - torch.log(w) if w is not None else None  # so that pi_old / pi_behaviour = w
         stats = lrn.train_rl(batch, old, a, cfg, 1.0, behaviour_logp=behaviour)
         if w is not None:
-            assert stats["tis_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-5)
+            assert stats["correction/weight_mean"] == pytest.approx(float(w.mean()), rel=1e-5)
         grads[name] = {n: p.main_grad.clone() for n, p in lrn.module.named_parameters()}
     for n, g in grads["none"].items():
         # the paths round differently (by the machine's vector width): compare to each tensor's scale
@@ -135,7 +135,7 @@ def test_fused_old_logprobs_give_the_separate_pass_update(tiny_model_dir):
     mask[1, :3] = 0
     batch = TokenBatch(tokens, mask)
     adv = torch.tensor([1.0, -0.5, 0.3, -0.8])
-    cfg = LossConfig(tis_cap=2.0)
+    cfg = LossConfig(correction="tis", tis_cap=2.0)
     out = {}
     for mode in ("separate", "fused"):
         lrn = Learner(tiny_model_dir, LearnerConfig(micro_batch_size=2), seed=0)
@@ -147,7 +147,7 @@ def test_fused_old_logprobs_give_the_separate_pass_update(tiny_model_dir):
     assert torch.allclose(s_fused.pop("old_logp") * mask, old * mask, atol=1e-6)
     for k, v in _results(s_sep).items():
         assert s_fused[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
-    assert 0 < s_sep["tis_truncated_frac"] < 1 and s_sep["grad_norm"] > 0
+    assert 0 < s_sep["correction/clipped_frac"] < 1 and s_sep["grad_norm"] > 0
     for n, w in w_sep.items():
         assert torch.allclose(w, w_fused[n], rtol=1e-5, atol=1e-7), n
 
@@ -162,12 +162,12 @@ def test_halves_normalised_apart_would_differ(ragged_model):
     mean) is a different update from the token mean of the whole batch, far beyond 1e-5."""
     batch, adv = ragged_batch()
     whole = Learner(ragged_model, LearnerConfig(clip_grad=0.0), seed=0)
-    whole.train_rl(batch, whole.logprobs(batch), adv, LossConfig(), 1.0)
+    whole.train_rl(batch, whole.logprobs(batch), adv, LossConfig(correction="none"), 1.0)
     per_half = []
     for rows in (torch.arange(0, 4), torch.arange(4, 8)):
         lrn = Learner(ragged_model, LearnerConfig(clip_grad=0.0), seed=0)
         part = batch.rows(rows)
-        lrn.train_rl(part, lrn.logprobs(part), adv[rows], LossConfig(), 1.0)
+        lrn.train_rl(part, lrn.logprobs(part), adv[rows], LossConfig(correction="none"), 1.0)
         per_half.append(_grads(lrn))
     mixed = {n: (per_half[0][n] + per_half[1][n]) / 2 for n in per_half[0]}
     assert max(scaled_error(mixed[n], g) for n, g in _grads(whole).items()) > 1e-3
@@ -194,7 +194,9 @@ def test_aggregation_modes_on_the_learner_match_the_hand_computed_loss(ragged_mo
     }[agg]
     cfg = LearnerConfig(clip_grad=0.0, max_tokens_per_micro_batch=160)
     learner = Learner(ragged_model, cfg, seed=0)
-    stats = learner.train_rl(batch, learner.logprobs(batch), adv, LossConfig(agg=agg, norm_tokens=256), 1.0)
+    stats = learner.train_rl(
+        batch, learner.logprobs(batch), adv, LossConfig(agg=agg, norm_tokens=256, correction="none"), 1.0
+    )
     assert stats["loss"] == pytest.approx(want, rel=1e-5)
     scale = {
         "token-mean": torch.ones_like(n),
@@ -202,7 +204,7 @@ def test_aggregation_modes_on_the_learner_match_the_hand_computed_loss(ragged_mo
         "seq-mean-token-sum-norm": n.sum() / (len(n) * 256) * torch.ones_like(n),
     }[agg]
     twin = Learner(ragged_model, cfg, seed=0)
-    twin.train_rl(batch, twin.logprobs(batch), adv * scale, LossConfig(), 1.0)
+    twin.train_rl(batch, twin.logprobs(batch), adv * scale, LossConfig(correction="none"), 1.0)
     twin_grads = _grads(twin)
     assert max(scaled_error(g, twin_grads[k]) for k, g in _grads(learner).items()) < 1e-5
 
@@ -229,7 +231,7 @@ def _ragged_on(folder, cfg: LearnerConfig):
     batch, adv = ragged_batch()
     learner = Learner(folder, cfg, seed=0)
     old = learner.logprobs(batch)
-    learner.train_rl(batch, old, adv, LossConfig(), 1.0)
+    learner.train_rl(batch, old, adv, LossConfig(correction="none"), 1.0)
     grads = torch.cat([p.main_grad.flatten().float() for p in learner.module.parameters()])
     return old, grads, batch
 
@@ -332,7 +334,7 @@ def test_fp8_forward_backward_close_to_bf16(tmp_path, recipe):
         )
         with torch.no_grad():
             logits = learner.forward_logits(tokens).float()
-        learner.train_rl(batch, learner.logprobs(batch), torch.linspace(-1, 1, 8), LossConfig(), 1.0)
+        learner.train_rl(batch, learner.logprobs(batch), torch.linspace(-1, 1, 8), LossConfig(correction="none"), 1.0)
         grads = torch.cat([p.main_grad.flatten().float() for p in learner.module.parameters()])
         out[name] = (logits, grads)
     cos = torch.nn.functional.cosine_similarity

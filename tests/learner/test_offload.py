@@ -22,7 +22,7 @@ def test_offload_to_pinned_host_memory_frees_the_gpu_and_changes_nothing(tiny_mo
     for offload in (False, True):
         learner = Learner(tiny_model_dir, LearnerConfig(bf16=True, lr=1e-3, offload_during_rollout=offload), seed=0)
         for _ in range(3):
-            learner.train_rl(batch, learner.logprobs(batch), adv, LossConfig(), 1.0)
+            learner.train_rl(batch, learner.logprobs(batch), adv, LossConfig(correction="none"), 1.0)
             used = torch.cuda.memory_allocated()
             learner.offload()
             if offload:

@@ -131,7 +131,7 @@ def _rl_steps(learner: Learner, steps: int) -> None:
         tokens = torch.randint(2, 23, (8, 10), generator=g)
         batch = TokenBatch(tokens, torch.ones(8, 9))
         adv = torch.randn(8, generator=g)
-        learner.train_rl(batch, learner.logprobs(batch), adv, LossConfig(), 1.0)
+        learner.train_rl(batch, learner.logprobs(batch), adv, LossConfig(correction="none"), 1.0)
 
 
 @needs_vllm
@@ -324,7 +324,7 @@ def test_colocated_vllm_sleeps_wakes_and_takes_the_learners_weights_over_cuda_ip
         _, worst = logprob_mismatch(old, elp, batch.loss_mask)
         assert worst < 0.1, f"step {step}: engine/learner log-prob gap {worst} (bf16)"
         adv = torch.linspace(-1, 1, len(cs))
-        learner.train_rl(batch, old, adv, LossConfig(), 1.0)
+        learner.train_rl(batch, old, adv, LossConfig(correction="none"), 1.0)
         stats = engine.update_weights(learner.hf_named_tensors(), learner.version)
         assert engine.served_version() == learner.version and stats["weight_sync_gbps"] > 0
     engine.close()

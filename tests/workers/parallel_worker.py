@@ -66,7 +66,7 @@ def shape_check(folder: str, out: Path, tp: int, pp: int) -> None:
         cfg = LearnerConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp, clip_grad=0.0, **kw, **extra)
         learner = Learner(folder, cfg, seed=0)
         old = learner.logprobs(batch)
-        stats = learner.train_rl(batch, old, adv, LossConfig(), 1.0)
+        stats = learner.train_rl(batch, old, adv, LossConfig(correction="none"), 1.0)
         grads = {learner.weights.global_name[n]: p.main_grad.clone() for n, p in learner.module.named_parameters()}
         where = {
             "tp": ps.get_tensor_model_parallel_rank(),
@@ -87,7 +87,7 @@ def shape_check(folder: str, out: Path, tp: int, pp: int) -> None:
 
 
 def rl_step(learner: Learner, b: TokenBatch) -> dict:
-    return learner.train_rl(b, learner.logprobs(b), ADV, LossConfig(), 1.0)
+    return learner.train_rl(b, learner.logprobs(b), ADV, LossConfig(correction="none"), 1.0)
 
 
 def main() -> None:
