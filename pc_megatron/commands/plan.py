@@ -116,6 +116,16 @@ def placement(cfg: RunConfig, gpus_per_node: int) -> tuple[list[str], list]:
         f"{len(nodes)} node(s); learner ranks 0-{world - 1} on bundles {learner[0].index}-{learner[-1].index}; "
         f"{len(engines)} engine replica(s) of {tp} GPU(s)"
     ]
+    eta = rc.max_staleness
+    if eta:
+        lines.append(
+            f"asynchronous (rollout.max_staleness={eta}): the engines make up to {eta} batch(es) ahead while the "
+            f"learner trains; a trained token is at most {eta} update(s) old (buffered pilots: up to "
+            f"scheduler.max_off_steps={cfg.scheduler.max_off_steps} + 1); weight syncs wait for the generate call "
+            f"in flight, every wait bounded by rollout.timeout_s={rc.timeout_s:g} s"
+        )
+    else:
+        lines.append("synchronous (rollout.max_staleness=0): generate, train, sync in turn")
     lines += [r.describe() for r in routes]
     return lines, routes
 

@@ -102,6 +102,9 @@ def profile(cfg: RunConfig, out: Path, steps: int, warmup: int) -> dict:
         "phases": {p: [s[p] for s in per_step] for p in phases},
         "phase_sum_over_step": sum(map(sum, (s.values() for s in per_step))) / sum(step_s),
         "trace_phase_s": in_trace,
+        # how much of each step the two sides worked (at rollout.max_staleness >= 1 they overlap)
+        "learner_busy_s": [r.get("time/learner_busy_s", 0.0) for r in rows],
+        "engine_busy_s": [r.get("time/engine_busy_s", 0.0) for r in rows],
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "peak_child_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
@@ -153,7 +156,12 @@ def _write_breakdown(out: Path, res: dict, top: list) -> None:
     other = total - sum(map(sum, res["phases"].values()))
     lines.append(f"| (untimed) | {other / len(res['step_s']):.4f} | | | {other / total:.1%} |")
     gpu = "n/a (no GPU)" if res["peak_gpu_gib"] is None else f"{res['peak_gpu_gib']:.2f} GiB (allocated, this process)"
+    learner, engine = sum(res["learner_busy_s"]) / total, sum(res["engine_busy_s"]) / total
     lines += [
+        "",
+        f"Busy: the learner {learner:.0%} of the step (log-probs, training, optimizer, weight sync), the engines "
+        f"{engine:.0%} (generating, evaluation included); idle: {1 - learner:.0%} and {1 - engine:.0%}. With "
+        "rollout.max_staleness >= 1 the two overlap and the shares can sum past 100%.",
         "",
         f"Peak host RSS: {res['peak_rss_gib']:.2f} GiB (this process), {res['peak_child_rss_gib']:.2f} GiB "
         f"(largest child: engine or reward workers). Peak GPU memory: {gpu}.",

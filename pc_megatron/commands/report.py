@@ -6,7 +6,8 @@ Panels: held-out accuracy (and, where logged, the exact expected accuracy and ea
 ``eval.sets``) against cumulative rollouts and against wall time; reward mean and mean group std per update; the
 share of degenerate groups (all correct / all wrong); the allocation counters (rollouts
 generated, trained, wasted by cause); the step-time breakdown by phase; the learner/engine
-log-prob mismatch. Plus a table per run: accuracies, rollouts, tokens, time, reward failures.
+log-prob mismatch. Plus a table per run: accuracies, rollouts, tokens, time, how much of it the learner
+and the engines were busy, the largest staleness, reward failures.
 """
 
 from __future__ import annotations
@@ -150,11 +151,19 @@ def _panel_phases(ax, runs) -> None:
     ax.set_ylabel("mean seconds per update, by phase")
 
 
+def _busy(rows: list[dict], side: str) -> str:
+    """The share of the steps' wall time the learner or the engines worked ('-' for runs before it was logged)."""
+    wall = sum(r.get("time_step_s", 0.0) for r in rows)
+    busy = [r[f"time/{side}_busy_s"] for r in rows if f"time/{side}_busy_s" in r]
+    return f"{sum(busy) / wall:.0%}" if busy and wall else "-"
+
+
 def _table(runs: dict[str, list[dict]]) -> str:
     lines = [
         "| run | updates | held-out acc. first → last (best) | expected acc. first → last (best) | rollouts "
-        "| generated tokens | wall s | mean step s | reward timeouts / errors | max log-prob mismatch |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| generated tokens | wall s | mean step s | learner / engines busy | staleness max "
+        "| reward timeouts / errors | max log-prob mismatch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def acc(rows: list[dict], key: str) -> str:
@@ -167,7 +176,9 @@ def _table(runs: dict[str, list[dict]]) -> str:
         lines.append(
             f"| {name} | {len(ups)} | {acc(rows, 'eval_accuracy')} | {acc(rows, 'eval_expected_accuracy')} "
             f"| {rows[-1].get('cum_rollouts', 0):,} | {rows[-1].get('cum_generated_tokens', 0):,} | {wall:.0f} "
-            f"| {wall / max(len(ups), 1):.2f} | {sum(r.get('reward/timeouts', 0) for r in ups)} / "
+            f"| {wall / max(len(ups), 1):.2f} | {_busy(ups, 'learner')} / {_busy(ups, 'engine')} "
+            f"| {max((r.get('rollout/staleness_max', 0) for r in ups), default=0)} "
+            f"| {sum(r.get('reward/timeouts', 0) for r in ups)} / "
             f"{sum(r.get('reward/errors', 0) for r in ups)} "
             f"| {max((r.get('logprob_mismatch_max', 0.0) for r in ups), default=0.0):.1e} |"
         )

@@ -9,7 +9,7 @@ from pc_megatron import phases
 from pc_megatron.cli import main
 from tests.settings import SMALL
 
-PHASES = {"scheduler", "rollout", "reward", "engine_sleep", "logprob", "train", "optimizer", "sync"}
+PHASES = {"scheduler", "engine_wait", "rollout", "reward", "engine_sleep", "logprob", "train", "optimizer", "sync"}
 
 
 def test_profile_writes_a_trace_with_every_phase_and_a_breakdown_that_adds_up(cache_dir, tmp_path, capsys):
