@@ -25,7 +25,7 @@ SMALL = [
     "eval.every_steps=2",
     "progress=false",
 ]
-TIME_KEYS = ("time_", "weight_sync_s", "weight_sync_gbps")  # wall-clock figures
+TIME_KEYS = ("time_", "time/", "weight_sync_s", "weight_sync_gbps")  # wall-clock figures
 RATE_SUFFIX = "_per_s"  # throughputs (learner/train_tokens_per_s): wall-clock figures too
 
 
