@@ -1,12 +1,16 @@
-"""η against η: the same recipe, placement and seeds at several ``rollout.max_staleness`` values, one run
-at a time (so that wall times compare), then the figures side by side.
+"""η against η: the same recipe, placement and seeds at several ``rollout.max_staleness`` values (or any
+variants), one run at a time (so that wall times compare), then the figures side by side.
 
     python tools/async_bench.py --out runs/async --seeds 0 1 2 --etas 0 1 -- tiny runtime=ray \\
         ray.placement=split rollout.backend=vllm threads=1
-    python tools/async_bench.py --out runs/async --report          # the figures of the runs already made
+    python tools/async_bench.py --out runs/ctl --seeds 0 1 2 --variants \\
+        tis:rollout.max_staleness=4,algo.loss.correction=tis \\
+        none:rollout.max_staleness=4,algo.loss.correction=none -- tiny
+    python tools/async_bench.py --out runs/async --etas 0 1 --report   # the figures of the runs already made
 
-Each run is ``pc-megatron train RECIPE [overrides] rollout.max_staleness=η seed=S`` in
-``OUT/seed<S>/eta<η>/`` (a finished run is reused, a cut one resumed, so the command can be repeated).
+Each run is ``pc-megatron train RECIPE [overrides] <the variant's overrides> seed=S`` in
+``OUT/seed<S>/<variant>/`` (``--etas E``: variants ``etaE`` = ``rollout.max_staleness=E``; a finished
+run is reused, a cut one resumed, so the command can be repeated). The first variant is the base.
 Per η: the median wall time per update (every step but the first, whose figures carry start-up; eval
 steps included, as in a run), the time in each of the loop's phases, how much of each step the learner
 and the engines were busy (``time/learner_busy_s``, ``time/engine_busy_s``), the largest staleness of
@@ -44,18 +48,18 @@ PHASES = (
 )
 
 
-def run(out: Path, recipe: list[str], eta: int, seed: int) -> Path:
-    run_dir = out / f"seed{seed}" / f"eta{eta}"
+def run(out: Path, recipe: list[str], name: str, overrides: list[str], seed: int) -> Path:
+    run_dir = out / f"seed{seed}" / name
     if (run_dir / "summary.json").is_file():
         return run_dir
-    common = [f"rollout.max_staleness={eta}", f"seed={seed}", "progress=false"]
+    common = [*overrides, f"seed={seed}", "progress=false"]
     if (run_dir / "checkpoints" / "latest").is_file():
         cmd = ["train", "--resume", str(run_dir), "progress=false"]
     else:
         cmd = ["train", *recipe, *common, f"out_dir={run_dir.parent}", f"name={run_dir.name}"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(run_dir.parent / f"eta{eta}.log", "a") as log:
-        print(f"eta {eta} seed {seed}: pc-megatron {' '.join(cmd)}", flush=True)
+    with open(run_dir.parent / f"{name}.log", "a") as log:
+        print(f"{name} seed {seed}: pc-megatron {' '.join(cmd)}", flush=True)
         subprocess.run(
             [sys.executable, "-m", "pc_megatron.cli", *cmd], check=True, stdout=log, stderr=subprocess.STDOUT
         )
@@ -81,8 +85,9 @@ def figures(rows: list[dict]) -> dict:
     }
 
 
-def report(out: Path, etas: list[int], seeds: list[int]) -> dict:
-    rows = {(e, s): read_metrics(out / f"seed{s}" / f"eta{e}") for e in etas for s in seeds}
+def report(out: Path, etas: list[str], seeds: list[int]) -> dict:
+    """The figures of every (variant, seed) run: ``etas`` are the variants' names, the first the base."""
+    rows = {(e, s): read_metrics(out / f"seed{s}" / e) for e in etas for s in seeds}
     key = (
         "eval_expected_accuracy"
         if all(any("eval_expected_accuracy" in r for r in v) for v in rows.values())
@@ -112,10 +117,9 @@ def report(out: Path, etas: list[int], seeds: list[int]) -> dict:
             "correction_clipped_frac": statistics.mean(r["correction_clipped_frac"] for r in runs),
             "correction_ess": statistics.mean(r["correction_ess"] for r in runs),
         }
-    methods = tuple(f"eta{e}" for e in etas)
-    curves = {(f"eta{e}", s): curve(rows[e, s], key) for e in etas for s in seeds}
+    curves = {(e, s): curve(rows[e, s], key) for e in etas for s in seeds}
     if len(etas) > 1:
-        result["paired"] = paired(curves, methods, tuple(seeds), base=f"eta{base}")
+        result["paired"] = paired(curves, tuple(etas), tuple(seeds), base=base)
     (out / "async_bench.json").write_text(json.dumps(result, indent=2, default=str))
     (out / "async_bench.md").write_text(markdown(result))
     return result
@@ -124,9 +128,9 @@ def report(out: Path, etas: list[int], seeds: list[int]) -> dict:
 def markdown(result: dict) -> str:
     lines = [
         f"Seeds {result['seeds']}; metric `{result['metric']}`. Step time: the median over a run's steps 2.., "
-        "mean over seeds; ratio: the first η's median over this η's (> 1: faster), geometric over seeds.",
+        "mean over seeds; speed-up: the first variant's median over this one's (> 1: faster), geometric over seeds.",
         "",
-        "| η | median step (s) | speed-up | learner busy | engines busy | staleness max / mean | "
+        "| variant | median step (s) | speed-up | learner busy | engines busy | staleness max / mean | "
         "capped or masked | ESS |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -136,7 +140,7 @@ def markdown(result: dict) -> str:
             f"{r['learner_busy_frac']:.0%} | {r['engine_busy_frac']:.0%} | {r['staleness_max']} / "
             f"{r['staleness_mean']:.2f} | {r['correction_clipped_frac']:.2%} | {r['correction_ess']:.3f} |"
         )
-    lines += ["", "Share of the step in each phase of the loop:", "", "| η | " + " | ".join(PHASES) + " |"]
+    lines += ["", "Share of the step in each phase of the loop:", "", "| variant | " + " | ".join(PHASES) + " |"]
     lines += ["|---|" + "---|" * len(PHASES)]
     for e, r in result["per_eta"].items():
         lines.append(f"| {e} | " + " | ".join(f"{r['phase_share'][p]:.0%}" for p in PHASES) + " |")
@@ -148,16 +152,21 @@ def markdown(result: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--etas", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--etas", type=int, nargs="+", default=[0, 1], help="variants etaE: rollout.max_staleness=E")
+    ap.add_argument("--variants", nargs="+", metavar="NAME:KEY=VALUE,...", help="instead of --etas")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--report", action="store_true", help="only the figures of the runs already made")
     ap.add_argument("recipe", nargs="*", help="RECIPE [key=value ...] (after --)")
     args = ap.parse_args()
+    if args.variants:
+        variants = {v.split(":", 1)[0]: v.split(":", 1)[1].split(",") for v in args.variants}
+    else:
+        variants = {f"eta{e}": [f"rollout.max_staleness={e}"] for e in args.etas}
     if not args.report:
         for seed in args.seeds:
-            for eta in args.etas:
-                run(args.out, args.recipe or ["tiny"], eta, seed)
-    print(markdown(report(args.out, args.etas, args.seeds)))
+            for name, overrides in variants.items():
+                run(args.out, args.recipe or ["tiny"], name, overrides, seed)
+    print(markdown(report(args.out, list(variants), args.seeds)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The asynchronous-loop experiments of docs/LOG.md (issue "Asynchronous RL with Pilot-Commit"), each a
+# tools/async_bench.py call into OUT/<name>; resumable (finished runs are reused). Run the timed ones
+# (tiny, smollm2) alone on the machine: their wall times are compared.
+#
+#   bash tools/async_bench.sh OUT tiny smollm2 policies control
+#
+#   tiny      η = 1 against η = 0, tiny on split Ray placement with vLLM engines, 3 seeds (timed)
+#   smollm2   the same for smollm2-arith, one seed (timed)
+#   policies  Pilot-Commit and adaptive at η = 1 against η = 0, tiny, 3 seeds (accuracy, staleness)
+#   control   η = 4 with the correction off against on (tiny, 3 seeds): what the correction changes
+set -euo pipefail
+OUT=${1:?usage: async_bench.sh OUT LEVEL...}
+shift
+SPLIT="runtime=ray ray.placement=split rollout.backend=vllm threads=1"
+for level in "$@"; do
+  case "$level" in
+    tiny) python tools/async_bench.py --out "$OUT/tiny" --seeds 0 1 2 --etas 0 1 -- tiny $SPLIT ;;
+    smollm2) python tools/async_bench.py --out "$OUT/smollm2" --seeds 0 --etas 0 1 -- smollm2-arith $SPLIT ;;
+    policies)
+      for policy in pilot_commit adaptive; do
+        python tools/async_bench.py --out "$OUT/$policy" --seeds 0 1 2 --etas 0 1 -- tiny \
+          scheduler.policy=$policy threads=1
+      done ;;
+    control)
+      python tools/async_bench.py --out "$OUT/control" --seeds 0 1 2 --variants \
+        tis:rollout.max_staleness=4,algo.loss.correction=tis none:rollout.max_staleness=4,algo.loss.correction=none \
+        -- tiny threads=1 ;;
+    *) echo "unknown level $level" >&2; exit 2 ;;
+  esac
+done
