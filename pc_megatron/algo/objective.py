@@ -101,7 +101,8 @@ def _behaviour_weights(
 def effective_sample_size(weight_mean: float, weight_sq_mean: float) -> float:
     """The importance weights' effective sample size as a share of the tokens: (sum w)^2 / (N sum w^2),
     1 when every weight is equal, toward 0 when a few tokens carry the update."""
-    return weight_mean**2 / weight_sq_mean if weight_sq_mean > 0 else 0.0
+    # <= 1 (Cauchy-Schwarz); the means are float32 sums, so equal weights can round a hair above it
+    return min(weight_mean**2 / weight_sq_mean, 1.0) if weight_sq_mean > 0 else 0.0
 
 
 def rl_objective(
