@@ -183,3 +183,15 @@ def test_a_hung_engine_fails_the_run_within_its_deadline_naming_the_wait(cache_d
         train(cfg, tmp_path / "hung")
     assert time.monotonic() - t0 < 120
     assert (tmp_path / "hung" / "checkpoints" / "latest").exists()
+
+
+@pytest.mark.gpu
+def test_the_asynchronous_loop_on_a_gpu(cache_dir, tmp_path):
+    """η = 1 with the learner and the hf engine on one CUDA device (runtime=local): batches made ahead
+    train within the bound, the correction sees the stale tokens, the engine serves each sync."""
+    cfg = load_config("tiny", [*POOL, "steps=5", "rollout.max_staleness=1", "eval.every_steps=5"])
+    train(cfg, tmp_path / "gpu")
+    rows = read_metrics(tmp_path / "gpu")[1:]
+    assert [r["rollout/staleness_max"] for r in rows][1:] == [1] * 4  # every batch after the first made ahead
+    assert all(r["engine_weight_version"] == r["policy_version"] for r in rows)
+    assert all(0 < r["correction/ess"] <= 1 and r["logprob_mismatch_max"] < 1e-2 for r in rows)

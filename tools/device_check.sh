@@ -11,11 +11,14 @@
 #
 #  gpu-tests         tests marked gpu that can run here, beside the modules they test (GPU_TESTS below):
 #                    packed vs padded ragged micro-batches on the local spec (CUDA), the pinned
-#                    offload, CUDA IPC into another process with a delayed copy-out and checksums;
+#                    offload, CUDA IPC into another process with a delayed copy-out and checksums,
+#                    the asynchronous loop (rollout.max_staleness=1) with learner and hf engine on CUDA;
 #                    the TE / vLLM / two-GPU ones skip, each saying why
 #  kernel-tests      the Triton kernels compiled (tests/kernels/test_grpo_loss.py)
 #  learner-ragged    tools/bench_learner.py --ragged at the Qwen2.5-1.5B shape, bf16: padded rows
 #                    against token-budget micro-batches (padded and packed), tokens/s and peak memory
+#  async-loop        pc-megatron train tiny at rollout.max_staleness=1 on the GPU (learner and hf engine in
+#                    one process): its metrics show the busy and idle shares on a real device
 #  distopt-resume    pc-megatron train tiny with the distributed optimizer to step 4, then --resume to
 #                    step 6 (torch's Adam under Megatron: compat/torch_adam.py)
 #  bench-sync        tools/bench_weight_sync.py: CUDA IPC / shm / bytes into a receiver process,
@@ -52,7 +55,7 @@ import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 parts = [json.loads(line) for line in (out / "parts.jsonl").read_text().splitlines() if line.strip()]
 figures = {}
-for name in ("env", "learner_ragged", "learner_dense", "sync", "distopt_resume"):
+for name in ("env", "learner_ragged", "learner_dense", "sync", "distopt_resume", "async_loop"):
     f = out / f"{name}.json"
     if f.is_file():
         try:
@@ -104,8 +107,14 @@ PY
 
 # the files that hold tests marked gpu (`grep -rl mark.gpu tests`), but the kernels' (kernel-tests)
 GPU_TESTS="tests/learner/test_learner.py tests/learner/test_offload.py tests/rollout/test_vllm_engine.py
-    tests/weight_sync/test_receiver.py tests/weight_sync/test_transport.py"
+    tests/weight_sync/test_receiver.py tests/weight_sync/test_transport.py tests/test_train_async.py"
 part gpu-tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS -rs
+part async-loop 120 bash -c 'rm -rf /tmp/pcm-runs-async && \
+    python3 -m pc_megatron.cli train tiny steps=6 rollout.max_staleness=1 eval.every_steps=6 progress=false \
+        name=async out_dir=/tmp/pcm-runs-async && \
+    python3 -c "import json; rows=[json.loads(l) for l in open(\"/tmp/pcm-runs-async/async/metrics.jsonl\")][2:]; \
+json.dump({k: [r.get(k) for r in rows] for k in (\"time_step_s\", \"time/learner_busy_s\", \"time/engine_busy_s\", \
+\"rollout/staleness_max\", \"correction/ess\", \"logprob_mismatch_max\")}, open(\"'"$OUT"'/async_loop.json\", \"w\"))"'
 part kernel-tests 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_grpo_loss.py -rs
 part learner-ragged 150 python3 tools/bench_learner.py --ragged --shape qwen1.5b --rows 64 --mu 6.3 --sigma 0.8 \
     --min-len 64 --max-len 8192 --budget 16384 --rounds 1 --steps 2 --workdir /tmp/pcm-ragged --out "$OUT/learner_ragged.json"
