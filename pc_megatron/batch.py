@@ -22,7 +22,11 @@ class Completion:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     weight_version: int = 0
-    """The weight version the engine actually served when it sampled this sequence."""
+    """The weight version the engine actually served when it sampled this sequence (the oldest of its
+    tokens' when an update reached it mid-sequence)."""
+    version_spans: list[tuple[int, int]] | None = None
+    """``(first token, version)`` of each stretch of tokens sampled by one version, when an update
+    reached the sequence mid-way (``rollout.inflight=keep``); None: every token by ``weight_version``."""
 
 
 @dataclass

@@ -195,6 +195,14 @@ def validate(cfg: RunConfig) -> None:
             "data.train_path needs held-out data: set data.eval_path or eval.sets (held-out accuracy needs one)"
         )
     cfg.rollout.weight_sync.check_runtime(cfg.runtime)
+    if cfg.rollout.inflight == "keep" and not (
+        cfg.rollout.max_staleness and cfg.runtime == "local" and cfg.rollout.backend == "vllm"
+    ):
+        raise ConfigError(
+            "rollout.inflight=keep lets a weight update reach requests in flight: it needs rollout.max_staleness "
+            ">= 1 (else nothing generates during an update) with runtime=local and rollout.backend=vllm (a Ray "
+            "engine actor serves one call at a time, so an update cannot reach it mid-call: use drain there)"
+        )
     if cfg.rollout.max_staleness and cfg.runtime == "ray" and cfg.ray.placement == "colocated":
         raise ConfigError(
             f"rollout.max_staleness={cfg.rollout.max_staleness} makes batches while the learner trains: the engines "

@@ -259,8 +259,11 @@ def _step(
             min_rows=cfg.learner.data_parallel_size,
         )
         with times("sync"):
-            with gate.hold(f"the weight sync after step {step}"):
+            if cfg.rollout.inflight == "keep":  # the engine takes it mid-call, pausing and keeping its requests
                 row |= runtime.sync_weights()
+            else:
+                with gate.hold(f"the weight sync after step {step}"):  # drain: after the call in flight
+                    row |= runtime.sync_weights()
             learner.offload()
         loop.update_versions.append(learner.version)
         row["engine_weight_version"] = fleet.weight_version

@@ -190,6 +190,12 @@ class RolloutConfig:
     """Deadline of one engine call under runtime=ray (a hung engine fails the step with a clear error),
     and of every wait for the engines: a weight sync or an evaluation waiting for a generate call, the
     loop waiting for a batch made ahead."""
+    inflight: Literal["drain", "keep"] = "drain"
+    """Requests generating when a weight update arrives (rollout.max_staleness >= 1): 'drain' = the
+    update waits for the generate call in flight to finish; 'keep' = the requests are paused and kept,
+    the weights updated, and they go on with the new ones (vLLM 0.32's pause and keep; runtime=local
+    with rollout.backend=vllm, whose engine a weight sync reaches mid-call); each sample then records
+    which tokens each version sampled (staleness counts its oldest)."""
     max_staleness: int = 0
     """η, in updates: how old a trained batch may be. 0 = the synchronous loop (generate, then train,
     then sync). η >= 1: the engines make the next batches while the learner trains, a batch started

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 from collections.abc import Iterable
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -158,6 +161,12 @@ class VllmEngine:
         self._asleep = False
         self._stale_prefix = False
         self._calls = 0  # streamed windows, for unique request ids
+        self.inflight = cfg.inflight
+        self._window: threading.Thread | None = None  # the thread whose window is generating
+        self._window_lock = threading.Lock()
+        self._jobs: queue.Queue = queue.Queue()  # updates posted to that window (keep)
+        if self.inflight == "keep":
+            self.llm.llm_engine.set_weight_version("0")
 
     # ------------------------------------------------------------------ control
     def _rpc(self, method: str, *args):
@@ -198,12 +207,27 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        """The learner's weights in; with ``rollout.inflight=keep`` while a window generates in another
+        thread, made by that window between two steps (its requests paused and kept) and waited for."""
         if self.sender is None:
             raise ConfigError(
                 "rollout.weight_sync.transport=broadcast sends from a learner in another process: it needs "
                 "runtime=ray (use auto, shm or cuda_ipc with runtime=local)"
             )
-        return push_weights(named_tensors, self.manifest, self.sender, [self], version)
+        with self._window_lock:
+            job = self._post_update(named_tensors, version)
+            if job is None:
+                stats = push_weights(named_tensors, self.manifest, self.sender, [self], version)
+                if self.inflight == "keep":
+                    self.llm.llm_engine.set_weight_version(str(version))
+                return stats
+        try:
+            return job.result(timeout=self.cfg.timeout_s)
+        except TimeoutError:
+            raise WeightSyncError(
+                f"a weight update waited {self.cfg.timeout_s:g} s for the generating window to take it "
+                "(rollout.inflight=keep); the engine is stuck in a step"
+            ) from None
 
     def begin_sync(self) -> None:
         self._wake(["weights"])
@@ -252,6 +276,9 @@ class VllmEngine:
         seed: int,
         first_prompt: int = 0,
     ) -> list[Completion]:
+        if self.inflight == "keep" and not first_prompt:  # a window an update can enter (same completions)
+            counts = [n] * len(prompts) if isinstance(n, int) else list(n)
+            return self.generate_stream(prompts, counts, params, seed, lambda i, c: [])
         self._wake()
         version = self.served_version()
         counts = [n] * len(prompts) if isinstance(n, int) else n
@@ -275,11 +302,15 @@ class VllmEngine:
     ) -> list[Completion]:
         """One window of the engine's own scheduler: every sample a request of its own (seeded by its
         place, as in ``generate``), driven step by step; when a prompt's last sample finishes its group
-        goes to ``on_group`` and what that returns is added to the running window at once."""
+        goes to ``on_group`` and what that returns is added to the running window at once. With
+        ``rollout.inflight=keep`` a weight update posted from another thread meanwhile is made between
+        two steps, the requests in flight paused and kept (``_update_in_flight``)."""
         from vllm.sampling_params import RequestOutputKind
 
-        self._wake()
-        version = self.served_version()
+        with self._window_lock:
+            self._wake()
+            start = self.served_version()
+            self._window = threading.current_thread()
         engine = self.llm.llm_engine
         self._calls += 1
         done: dict[int, list[tuple[int, Completion]]] = {}  # prompt -> (sample, completion)
@@ -296,26 +327,71 @@ class VllmEngine:
                     sp.output_kind = RequestOutputKind.FINAL_ONLY
                     engine.add_request(f"pcm{self._calls}:{i}:{j}", {"prompt_token_ids": prompt}, sp)
 
-        add(prompts, list(n))
-        for i, k in enumerate(n):
-            if k == 0:
-                more = on_group(i, [])
-                add([p for p, _ in more], [k for _, k in more])
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if not out.finished:
-                    continue
-                _, i, j = out.request_id.split(":")
-                i, o = int(i), out.outputs[0]
-                ids = list(o.token_ids)
-                logps = [float(step[t].logprob) for step, t in zip(o.logprobs, ids, strict=True)]
-                reason = "length" if o.finish_reason == "length" else "stop"
-                done[i].append((int(j), Completion(i, ids, logps, reason, version)))
-                left[i] -= 1
-                if not left[i]:
-                    more = on_group(i, [c for _, c in sorted(done[i], key=lambda x: x[0])])
+        try:
+            add(prompts, list(n))
+            for i, k in enumerate(n):
+                if k == 0:
+                    more = on_group(i, [])
                     add([p for p, _ in more], [k for _, k in more])
+            while engine.has_unfinished_requests():
+                self._serve_updates()
+                for out in engine.step():
+                    if not out.finished:
+                        continue
+                    _, i, j = out.request_id.split(":")
+                    i = int(i)
+                    done[i].append((int(j), self._completion(i, out.outputs[0], start)))
+                    left[i] -= 1
+                    if not left[i]:
+                        more = on_group(i, [c for _, c in sorted(done[i], key=lambda x: x[0])])
+                        add([p for p, _ in more], [k for _, k in more])
+        finally:
+            with self._window_lock:
+                self._window = None
+                self._serve_updates()  # one posted as the window closed
         return [c for i in range(len(order)) for _, c in sorted(done[i], key=lambda x: x[0])]
+
+    def _completion(self, i: int, o, start: int) -> Completion:
+        """A finished sample. Its tokens' weight versions from vLLM's spans (labelled by each update):
+        ``weight_version`` the oldest, ``version_spans`` where an update changed it mid-sequence."""
+        ids = list(o.token_ids)
+        logps = [float(step[t].logprob) for step, t in zip(o.logprobs, ids, strict=True)]
+        reason = "length" if o.finish_reason == "length" else "stop"
+        spans = [
+            (int(span.start), int(span.version) if str(span.version).isdigit() else start)
+            for span in (getattr(o, "weight_versions", None) or [])
+        ]
+        spans = [(a, v) for k, (a, v) in enumerate(spans) if k == 0 or v != spans[k - 1][1]]
+        if len(spans) > 1:
+            return Completion(i, ids, logps, reason, min(v for _, v in spans), spans)
+        return Completion(i, ids, logps, reason, spans[0][1] if spans else start)
+
+    # ------------------------------------------------------------------ updates in flight (keep)
+    def _post_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int):
+        """The update for the window running in another thread, or None when there is none (then the
+        caller updates at once; the lock keeps a window from opening meanwhile)."""
+        if self.inflight != "keep" or self._window is None or self._window is threading.current_thread():
+            return None
+        job: Future = Future()
+        self._jobs.put((named_tensors, version, job))
+        return job
+
+    def _serve_updates(self) -> None:
+        """Between two steps of a window: the updates posted meanwhile, each with the requests in
+        flight paused and kept (vLLM 0.32: ``sleep(level=0, mode="keep")``, then ``wake_up``), so
+        they go on with the new weights; the version label marks where each one's tokens changed."""
+        while not self._jobs.empty():
+            named_tensors, version, job = self._jobs.get()
+            try:
+                self.llm.sleep(level=0, mode="keep")
+                try:
+                    stats = push_weights(named_tensors, self.manifest, self.sender, [self], version)
+                    self.llm.llm_engine.set_weight_version(str(version))
+                finally:
+                    self.llm.wake_up(tags=["scheduling"])
+                job.set_result(stats)
+            except BaseException as e:  # the waiting caller raises it
+                job.set_exception(e)
 
     def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
         self._wake()

@@ -124,6 +124,72 @@ def test_sampling_contract_per_prompt_n_seeds_stops_and_logprobs(engines, tiny_m
         assert (c.finish_reason == "length") == (len(c.token_ids) == 3 and c.token_ids[-1] != 1)
 
 
+@needs_vllm
+def test_a_streamed_window_serves_what_is_added_as_groups_finish(engines, tiny_model_dir):
+    """generate_stream: each prompt's group goes to on_group as soon as its last sample finishes, and what
+    on_group adds joins the running window; every completion equals generate's at the same place (the
+    seed follows the place), so streaming changes when samples come, never which. The hf engine's
+    emulation (one more call for what was added) returns the same completions."""
+    p = SamplingParams(temperature=1.0, max_new_tokens=8)
+    first, added = PROMPTS[:6], PROMPTS[6:9]
+    order: list[int] = []
+
+    def on_group(i: int, completions) -> list[tuple[list[int], int]]:
+        order.append(i)
+        assert all(c.prompt_index == i for c in completions) and len(completions) == (3 if i < 6 else 2)
+        return [(added[i], 2)] if i < len(added) else []  # a commit for each of the first three pilots
+
+    engine = engines["tied"]
+    assert engine.streams
+    out = engine.generate_stream(first, [3] * 6, p, 7, on_group)
+    assert sorted(order) == list(range(9))
+    want = engine.generate([*first, *added], [3] * 6 + [2] * 3, p, 7)
+    assert [(c.prompt_index, c.token_ids) for c in out] == [(c.prompt_index, c.token_ids) for c in want]
+    assert [c.logprobs for c in out] == [c.logprobs for c in want]
+    order.clear()
+    hf = HFEngine(tiny_model_dir)
+    emulated = hf.generate_stream(first, [3] * 6, p, 7, on_group)
+    assert order[:6] == list(range(6)) and sorted(order) == list(range(9))  # the pilots' call, then the commits'
+    assert [c.prompt_index for c in emulated] == [c.prompt_index for c in want]
+
+
+@needs_vllm
+def test_an_update_reaching_a_generating_engine_pauses_keeps_and_resumes_its_requests(tiny_model_dir):
+    """rollout.inflight=keep: an update posted while a call generates (another thread) is made between two
+    of its steps; the requests in flight go on with the new weights, and each records where its tokens'
+    version changed. With the same weights the tokens are those of an uninterrupted call (greedy)."""
+    import dataclasses
+    import threading
+    import time
+
+    from pc_megatron.weight_sync.sharding import HFTensors
+
+    engine = VllmEngine(tiny_model_dir, dataclasses.replace(CFG, inflight="keep"))
+    try:
+        p = SamplingParams(temperature=0.0, max_new_tokens=48, stop_token_ids=())
+        long = [q[:8] for q in PROMPTS * 3]
+        uninterrupted = engine.generate(long, 2, p, seed=0)
+        out: list = []
+        t = threading.Thread(target=lambda: out.extend(engine.generate(long, 2, p, seed=0)))
+        t.start()
+        while engine._window is None:  # the call has opened its window
+            time.sleep(0.001)
+        time.sleep(0.05)
+        hf = HFTensors(tiny_model_dir)
+        stats = engine.update_weights(((k, hf.read(k)) for k in hf.where), version=1)
+        t.join(120)
+        assert stats["weight_sync_bytes"] > 0 and engine.weight_version == 1
+        assert [c.token_ids for c in out] == [c.token_ids for c in uninterrupted]
+        spanned = [c for c in out if c.version_spans]
+        assert spanned, "the update landed after the call: nothing was in flight"
+        for c in spanned:
+            (a, v0), (b, v1) = c.version_spans
+            assert (a, v0, v1) == (0, 0, 1) and 0 < b < len(c.token_ids) and c.weight_version == 0
+        assert engine.generate(long[:2], 1, p, seed=0)[0].weight_version == 1
+    finally:
+        engine.close()
+
+
 def _rl_steps(learner: Learner, steps: int) -> None:
     """Three RL updates with a large lr on random sequences: every weight moves, the embedding too."""
     g = torch.Generator().manual_seed(3)
