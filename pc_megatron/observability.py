@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
+
+from pc_megatron.files import atomic_write_text
 
 EVAL_KEY = "eval_accuracy"
 
@@ -23,9 +24,7 @@ class StepLog:
         self.path = path
         if path.exists():
             kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, path)
+            atomic_write_text(path, "".join(line + "\n" for line in kept))
         self._file = path.open("a", encoding="utf-8")
 
     def write(self, row: dict) -> None:
@@ -139,7 +138,7 @@ def summarize(steps_planned: int, policy: str, run_dir: Path, wall_s: float) -> 
         "phase_s": {p: sum(r.get(p, 0.0) for r in steps) for p in phases},
         "wall_s": wall_s,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     label = POLICY_LABELS.get(policy, policy)
     if evals:
         sets = benchmark_keys(evals)  # eval.sets, and their mean

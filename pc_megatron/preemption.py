@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from pc_megatron.errors import UserError
+from pc_megatron.files import atomic_write_text
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -70,5 +71,5 @@ def record_processes(run_dir: Path) -> list[int]:
         except psutil.Error:
             continue
     known.pop(str(os.getpid()), None)
-    path.write_text(json.dumps(known, indent=1))
+    atomic_write_text(path, json.dumps(known, indent=1))
     return [int(p) for p in known]

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from pc_megatron.errors import ConfigError, ModelFileError
+from pc_megatron.files import atomic_write_text
 
 
 @dataclass
@@ -47,14 +48,6 @@ class CheckpointConfig:
                 f"checkpoint.keep_last={self.keep_last}: keep at least 1 checkpoint (the newest; rotation deletes "
                 "the older ones)"
             )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict:
@@ -99,14 +92,25 @@ def save_checkpoint(
         copy_hf_side_files(hf_side, tmp / "hf")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    latest_tmp = ckpt_root / "latest.tmp"
-    latest_tmp.write_text(final.name)
-    os.replace(latest_tmp, ckpt_root / "latest")
-    _fsync_dir(ckpt_root)
-    complete = sorted(p for p in ckpt_root.glob("step_*") if not p.name.endswith(".tmp"))
-    for old in complete[: max(len(complete) - keep_last, 0)]:
-        shutil.rmtree(old, ignore_errors=True)
+    atomic_write_text(ckpt_root / "latest", final.name)
+    _rotate(ckpt_root, step, keep_last)
     return final
+
+
+def _rotate(ckpt_root: Path, step: int, keep_last: int) -> None:
+    """Keep the ``keep_last`` newest checkpoints up to ``step`` (the one just written among them).
+    Checkpoints of later steps belong to a future the run went back from (``latest`` pointed at an
+    older step): they are set aside as ``abandoned-step_N``, never counted, never deleted."""
+    complete = sorted(p for p in ckpt_root.glob("step_*") if p.name[5:].isdigit())
+    for later in (p for p in complete if int(p.name[5:]) > step):
+        aside, k = later.with_name(f"abandoned-{later.name}"), 1
+        while aside.exists():  # set aside before, by an earlier going back
+            k += 1
+            aside = later.with_name(f"abandoned-{later.name}.{k}")
+        os.replace(later, aside)
+    kept = [p for p in complete if int(p.name[5:]) <= step]
+    for old in kept[: max(len(kept) - keep_last, 0)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:

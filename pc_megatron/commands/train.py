@@ -31,6 +31,11 @@ def run(args: argparse.Namespace) -> int:
         saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml); pass the folder a run created")
+        if not saved.read_text().strip():
+            raise ConfigError(
+                f"{saved} is empty (a write cut short): restore it (the run's settings are also in "
+                "checkpoints/step_*/; resuming on the default config would train another run)"
+            )
         if args.recipe and "=" not in args.recipe:
             raise ConfigError("--resume takes the recipe from RUN_DIR/config.yaml; pass only key=value overrides")
         overrides = ([args.recipe] if args.recipe else []) + args.overrides

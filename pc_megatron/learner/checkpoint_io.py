@@ -19,6 +19,7 @@ from typing import Any
 import torch.distributed as dist
 
 from pc_megatron.errors import ModelFileError
+from pc_megatron.files import atomic_write_text
 from pc_megatron.model.arch import ArchSpec
 
 CHECKPOINT_META = "pcm_learner.json"
@@ -59,7 +60,7 @@ def save_state(learner: Any, path: Path) -> None:
             "transformer_impl": learner.transformer_impl,
             "version": learner.version,
         }
-        (path / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
+        atomic_write_text(path / CHECKPOINT_META, json.dumps(meta, indent=2))
     dist.barrier()
 
 
