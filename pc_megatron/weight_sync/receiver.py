@@ -4,6 +4,7 @@ copied out before the sender may refill the buffer."""
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import torch
@@ -87,7 +88,7 @@ class BucketReceiver:
         elif kind == "shm":
             key = handle["path"]
             if key != self._key:
-                self._buffer = torch.from_file(key, shared=True, size=handle["size"], dtype=torch.uint8)
+                self._buffer = _open_shared_file(key, handle["size"])
         elif kind == "cuda_ipc":
             key = handle["buffer_id"]
             if key != self._key:
@@ -100,6 +101,23 @@ class BucketReceiver:
     def close(self) -> None:
         """End of a sync: drop the buffer (the broadcast group, if any, stays for the next one)."""
         self._key, self._buffer = None, None
+
+
+def _open_shared_file(path: str, size: int) -> torch.Tensor:
+    """The sender's shared-memory file, mapped; an error when it is gone or short (``torch.from_file``
+    would create an empty one, and the engine would serve zeros under the new version)."""
+    try:
+        found = os.stat(path).st_size
+    except FileNotFoundError:
+        found = -1
+    if found < size:
+        raise WeightSyncError(
+            f"weight sync: the sender's shared-memory file {path} is "
+            + ("gone" if found < 0 else f"{found} bytes, {size} expected")
+            + " (a /dev/shm cleaner, systemd-logind's RemoveIPC=yes, or a sender that died removed it); the sync "
+            "is refused and the engine keeps its weights"
+        )
+    return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
 
 
 def open_ipc_buffer(handle: dict) -> torch.Tensor:

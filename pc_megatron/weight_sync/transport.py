@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import time
 import uuid
 from collections.abc import Iterable
@@ -73,6 +74,13 @@ class SharedMemorySender(_Sender):
             return
         self.close()
         size = max(nbytes, self.bucket_bytes)
+        free = shutil.disk_usage(SHM_DIR).free
+        if free < size:  # a sparse file would map, then kill the process with SIGBUS on the first write
+            raise WeightSyncError(
+                f"{SHM_DIR} has {free / 2**20:.0f} MiB free, a weight-sync bucket needs {size / 2**20:.0f} MiB: lower "
+                "rollout.weight_sync.bucket_mb, or give the container more shared memory (docker run --shm-size=8g; "
+                "Docker's default is 64 MiB)"
+            )
         self.path = SHM_DIR / f"pcm-sync-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.buffer = torch.from_file(str(self.path), shared=True, size=size, dtype=torch.uint8)
 

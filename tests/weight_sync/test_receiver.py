@@ -108,3 +108,34 @@ def test_a_damaged_bucket_is_refused_on_arrival():
     data[100] ^= 0xFF
     with pytest.raises(WeightSyncError, match="arrived damaged"):
         BucketReceiver().open({**handle, "data": bytes(data)})
+
+
+def test_a_shared_memory_file_removed_under_the_sync_is_refused_not_read_as_zeros():
+    """A /dev/shm cleaner (or logind's RemoveIPC) removing the sender's file: the receiver says so instead
+    of mapping a fresh file of zeros and serving them under the new version."""
+    from pathlib import Path
+
+    from pc_megatron.weight_sync.manifest import WeightSyncError
+
+    sender = make_sender("shm", 1 << 16)
+    try:
+        handle = sender.pack([("w", torch.ones(8, 8))])
+        Path(handle["path"]).unlink()
+        with pytest.raises(WeightSyncError, match=r"shared-memory file .* is gone .*RemoveIPC"):
+            BucketReceiver("cpu").open(handle)
+        assert not Path(handle["path"]).exists()  # and it made none
+    finally:
+        sender.close()
+
+
+def test_a_too_small_dev_shm_is_one_clear_error_not_a_sigbus(monkeypatch):
+    from collections import namedtuple
+
+    from pc_megatron.weight_sync import transport
+    from pc_megatron.weight_sync.manifest import WeightSyncError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(transport.shutil, "disk_usage", lambda path: usage(64 << 20, 60 << 20, 4 << 20))
+    sender = make_sender("shm", 512 << 20)
+    with pytest.raises(WeightSyncError, match=r"has 4 MiB free, a weight-sync bucket needs 512 MiB.*shm-size"):
+        sender.pack([("w", torch.ones(4))])
