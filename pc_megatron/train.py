@@ -29,7 +29,7 @@ from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
 from pc_megatron.config import RunConfig, to_yaml
 from pc_megatron.data.task import Task, expected_eval_set
 from pc_megatron.evaluate import evaluate, evaluate_sets, expected_accuracy
-from pc_megatron.files import atomic_write_text
+from pc_megatron.files import atomic_write_text, claim_run_dir
 from pc_megatron.observability import MetricsLog, StepLog, summarize
 from pc_megatron.phases import PhaseTimes
 from pc_megatron.preemption import RunStopped, StopRequests, record_processes
@@ -80,10 +80,13 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, capture=None) -> 
     task, policy_dir, tokenizer = prepared.task, prepared.policy_dir, prepared.tokenizer
     preflight(cfg, policy_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
-    if any(task.dropped.values()):
-        print(f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {task.dropped}", flush=True)
     with contextlib.ExitStack() as stack:
+        # the folder is this run's until it ends, however it ends (a kill lets go of the lock too)
+        stack.enter_context(contextlib.closing(claim_run_dir(run_dir)))
+        atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
+        if any(task.dropped.values()):
+            dropped = f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {task.dropped}"
+            print(dropped, flush=True)
         stop = stack.enter_context(StopRequests())
         rewards = stack.enter_context(RewardPool(cfg.reward))
         runtime = build_runtime(

@@ -114,9 +114,18 @@ def _rotate(ckpt_root: Path, step: int, keep_last: int) -> None:
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The checkpoint folder ``ckpt_root/latest`` names (the newest complete one), or None."""
+    """The checkpoint folder ``ckpt_root/latest`` names (the newest complete one), or None. ``latest``
+    must name a ``step_N`` folder beside it: any other text is refused, never used as a path."""
     latest = ckpt_root / "latest"
-    return ckpt_root / latest.read_text().strip() if latest.is_file() else None
+    if not latest.is_file():
+        return None
+    name = latest.read_text().strip()
+    if not (name.startswith("step_") and name[5:].isdigit()):
+        raise ModelFileError(
+            f"{latest} names {name[:80]!r}, not a checkpoint of this folder (step_N): write the name of one of "
+            f"{sorted(p.name for p in ckpt_root.glob('step_*') if p.name[5:].isdigit())} into it"
+        )
+    return ckpt_root / name
 
 
 def load_latest(ckpt_root: Path) -> tuple[dict, Path] | None:

@@ -1,0 +1,49 @@
+"""Files a run owns (``pc_megatron/files.py``): writes that are whole or not at all, one run per folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from pc_megatron.errors import ConfigError
+from pc_megatron.files import atomic_write_text, claim_run_dir
+
+
+def test_an_atomic_write_replaces_the_file_whole_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "config.yaml"
+    atomic_write_text(path, "seed: 1\n")
+    atomic_write_text(path, "seed: 2\n")
+    assert path.read_text() == "seed: 2\n" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def test_a_run_folder_is_claimed_by_one_run_at_a_time(tmp_path):
+    first = claim_run_dir(tmp_path)
+    with pytest.raises(ConfigError, match=r"in use by pid \d+ .* another name="):
+        claim_run_dir(tmp_path)
+    first.close()  # the process that held it ended
+    claim_run_dir(tmp_path).close()
+
+
+def test_a_second_run_started_in_a_busy_folder_stops_before_touching_it(tmp_path, cache_dir):
+    from pc_megatron.config import load_config
+    from pc_megatron.train import train
+    from tests.settings import SMALL
+
+    held = claim_run_dir(tmp_path)
+    try:
+        with pytest.raises(ConfigError, match="in use by"):
+            train(load_config("tiny", [*SMALL, "steps=1"]), tmp_path)
+        assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "metrics.jsonl").exists()
+    finally:
+        held.close()
+
+
+def test_latest_naming_anything_but_a_checkpoint_is_refused(tmp_path):
+    from pc_megatron.checkpoint import latest_checkpoint
+    from pc_megatron.errors import ModelFileError
+
+    (tmp_path / "step_000004").mkdir()
+    (tmp_path / "latest").write_text("../../etc")
+    with pytest.raises(ModelFileError, match=r"names '../../etc', not a checkpoint .*step_000004"):
+        latest_checkpoint(tmp_path)
+    (tmp_path / "latest").write_text("step_000004\n")
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_000004"
