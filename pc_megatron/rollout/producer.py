@@ -13,8 +13,10 @@ order they were made, oldest first.
 The engines are shared: ``EngineGate`` lets one holder at a time use them. The producer holds it for
 each generate call; the loop holds it for a weight sync and an evaluation. A weight sync therefore
 waits for the call in flight to end (``drain``) and the next call runs on the new weights; every
-wait is bounded and names what it waited for. The gate also records when the engines were busy, the
-figure a step's ``time/engine_busy_s`` reports.
+wait is bounded and names what it waited for. (With ``rollout.inflight=keep``, vLLM in one process,
+the sync does not take the gate: the engine takes the update between two steps of the call in
+flight, its requests paused and kept.) The gate also records when the engines were busy, the figure
+a step's ``time/engine_busy_s`` reports.
 
 A produced batch carries the scheduler's ``state_dict`` as it was right after the batch was made:
 the checkpoint of step ``s`` saves that one, so a resume regenerates the batches that were made
