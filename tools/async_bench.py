@@ -74,6 +74,7 @@ def figures(rows: list[dict]) -> dict:
         "steps": len(steps),
         "median_step_s": statistics.median(step_s),
         "phase_share": {p: sum(r.get(f"time_{p}_s", 0.0) for r in steps) / total for p in PHASES},
+        "phase_median_s": {p: statistics.median(r.get(f"time_{p}_s", 0.0) for r in steps) for p in PHASES},
         "learner_busy_frac": sum(r.get("time/learner_busy_s", 0.0) for r in steps) / total,
         "engine_busy_frac": sum(r.get("time/engine_busy_s", 0.0) for r in steps) / total,
         "staleness_max": max((r.get("rollout/staleness_max", 0) for r in steps), default=0),
@@ -114,6 +115,7 @@ def report(out: Path, etas: list[str], seeds: list[int]) -> dict:
             "staleness_max": max(r["staleness_max"] for r in runs),
             "staleness_mean": statistics.mean(r["staleness_mean"] for r in runs),
             "phase_share": {p: statistics.mean(r["phase_share"][p] for r in runs) for p in PHASES},
+            "phase_median_s": {p: statistics.mean(r["phase_median_s"][p] for r in runs) for p in PHASES},
             "correction_clipped_frac": statistics.mean(r["correction_clipped_frac"] for r in runs),
             "correction_ess": statistics.mean(r["correction_ess"] for r in runs),
         }
@@ -144,6 +146,10 @@ def markdown(result: dict) -> str:
     lines += ["|---|" + "---|" * len(PHASES)]
     for e, r in result["per_eta"].items():
         lines.append(f"| {e} | " + " | ".join(f"{r['phase_share'][p]:.0%}" for p in PHASES) + " |")
+    lines += ["", "Median seconds of each phase in a step (mean over seeds):", ""]
+    lines += ["| variant | " + " | ".join(PHASES) + " |", "|---|" + "---|" * len(PHASES)]
+    for e, r in result["per_eta"].items():
+        lines.append(f"| {e} | " + " | ".join(f"{r['phase_median_s'][p]:.3f}" for p in PHASES) + " |")
     if "paired" in result:
         lines += ["", paired_markdown(result["paired"])]
     return "\n".join(lines) + "\n"
