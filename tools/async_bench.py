@@ -73,6 +73,7 @@ def figures(rows: list[dict]) -> dict:
     return {
         "steps": len(steps),
         "median_step_s": statistics.median(step_s),
+        "steps_wall_s": total,
         "phase_share": {p: sum(r.get(f"time_{p}_s", 0.0) for r in steps) / total for p in PHASES},
         "phase_median_s": {p: statistics.median(r.get(f"time_{p}_s", 0.0) for r in steps) for p in PHASES},
         "learner_busy_frac": sum(r.get("time/learner_busy_s", 0.0) for r in steps) / total,
@@ -101,7 +102,7 @@ def report(out: Path, etas: list[str], seeds: list[int]) -> dict:
         "seeds": seeds,
         "metric": key,
         "per_eta": {},
-        "per_run": {f"eta{e}/seed{s}": f for (e, s), f in per.items()},
+        "per_run": {f"{e}/seed{s}": f for (e, s), f in per.items()},
     }
     for e in etas:
         runs = [per[e, s] for s in seeds]
