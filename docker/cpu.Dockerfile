@@ -17,8 +17,7 @@ ARG TORCH_INDEX=""
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_CONSTRAINT=/opt/pc-megatron/constraints.txt \
     HF_HUB_OFFLINE=1 \
-    TRANSFORMERS_VERBOSITY=error \
-    RAY_AUTH_MODE=disabled
+    TRANSFORMERS_VERBOSITY=error
 
 # gcc: Triton's CPU interpreter and vLLM's CPU kernels compile small helpers at run time
 # apt packages: those of the base image's release (DL3008: not pinned; the base tag is)

@@ -15,8 +15,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     HF_HUB_OFFLINE=1 \
-    TRANSFORMERS_VERBOSITY=error \
-    RAY_AUTH_MODE=disabled
+    TRANSFORMERS_VERBOSITY=error
 
 # iproute2: the two-node test's network namespaces; git: Megatron-Core's optional checks
 # apt packages: those of the base image's release (DL3008: not pinned; the base tag is)

@@ -11,14 +11,21 @@
 # The train step runs the driver in a container of its own on the head (no GPU of its own:
 # Ray places the learner ranks and engine replicas on the nodes' GPUs). Not run here (no Docker
 # engine and no cluster on the development machines); docs/CLUSTER.md has the same launch by hand.
+#
+# The cluster admits only holders of one token (Ray's token authentication): make one per job and
+# export it on every node before each call, e.g. RAY_AUTH_TOKEN=$(openssl rand -hex 32) once, copied
+# to the other nodes by your own means. It reaches the containers by name (-e RAY_AUTH_TOKEN), never
+# on a command line.
 set -euo pipefail
 role=${1:?usage: docker/multinode.sh head|worker|train IMAGE SHARED_DIR [HEAD_IP | RECIPE ...]}
 image=${2:?image tag, e.g. pc-megatron:gpu-0.1.0}
 shared=${3:?a folder every node mounts at the same path}
 shift 3
 PORT=${PCM_RAY_PORT:-6379}
+: "${RAY_AUTH_TOKEN:?export RAY_AUTH_TOKEN, the same on every node: e.g. RAY_AUTH_TOKEN=\$(openssl rand -hex 32)}"
+export RAY_AUTH_TOKEN
 run=(docker run --rm --network host --ipc host --shm-size 64g --ulimit memlock=-1
-     -e RAY_AUTH_MODE=disabled -v "$shared:$shared" -w "$shared" --entrypoint "")
+     -e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN -v "$shared:$shared" -w "$shared" --entrypoint "")
 # the interface NCCL and Gloo use between nodes, where the host has several
 [ -n "${NCCL_SOCKET_IFNAME:-}" ] && run+=(-e NCCL_SOCKET_IFNAME -e GLOO_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME")
 case $role in

@@ -4,7 +4,8 @@ Layout of a run directory's ``checkpoints/``::
 
     step_000025/learner/     model, optimizer and lr schedule: a Megatron-Core distributed
                              checkpoint (loadable at any TP/PP; see Learner.save)
-    step_000025/state.pt     scheduler and loop state, RNG states
+    step_000025/state.pt     scheduler and loop state, RNG states: plain data (``plain.py``), read
+                             with ``weights_only=True``
     step_000025/hf/          config and tokenizer files of the model (for `pc-megatron convert`)
     latest                   text file naming the newest complete checkpoint
 
@@ -15,6 +16,7 @@ atomically after that, so a kill at any moment leaves the previous checkpoint us
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 from collections.abc import Iterable
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pc_megatron.checkpoint.plain import from_plain, to_plain
 from pc_megatron.errors import ConfigError, ModelFileError
 from pc_megatron.files import atomic_write_text
 
@@ -85,7 +88,7 @@ def save_checkpoint(
     if learner is not None:
         learner.save(tmp / "learner")
     with open(tmp / "state.pt", "wb") as f:
-        torch.save({**state, "rng": rng_state()}, f)
+        torch.save(to_plain({**state, "rng": rng_state()}), f)
         f.flush()
         os.fsync(f.fileno())
     if hf_side is not None:
@@ -139,13 +142,21 @@ def load_latest(ckpt_root: Path) -> tuple[dict, Path] | None:
             f"{path}: checkpoint named by {ckpt_root / 'latest'} is missing; the run directory was modified"
         )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refused a global: code, or the earlier pickled format
+        what = str(e).split("Unsupported global: ")[-1].split(" was not")[0].strip().splitlines()[0][:120]
+        raise ModelFileError(
+            f"{path}: holds Python objects that loading would run as code ({what}), and a checkpoint is read as "
+            "data only. A checkpoint written by pc-megatron before its state was plain data: resume it with the "
+            "version that wrote it. Otherwise the file was not written by pc-megatron: do not load it"
+        ) from None
     except Exception as e:  # a truncated or overwritten file: torch's reader names only itself
         detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise ModelFileError(
             f"{path}: cannot read the checkpoint's loop and scheduler state ({detail}); the file is damaged or "
             "incomplete: resume from an earlier checkpoint (write its folder name into checkpoints/latest)"
         ) from None
+    state = from_plain(state)
     if "learner" in state:
         raise ModelFileError(
             f"{folder}: a checkpoint in the earlier format (learner state inside state.pt), which this version "

@@ -11,11 +11,15 @@ roles themselves (learner ranks, engine replicas) are ``ray_runtime.py``'s.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import math
 import os
+import secrets
 import socket
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -75,34 +79,104 @@ def _temp_dir(rcfg: RayConfig, run_dir: Path) -> str:
     if len(str(want)) <= 60:
         want.mkdir(parents=True, exist_ok=True)
         return str(want)
-    short = Path("/tmp") / f"pcm-ray-{hashlib.sha1(str(want).encode()).hexdigest()[:10]}"
-    short.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha1(str(want).encode()).hexdigest()[:10]
+    short = Path("/tmp") / f"pcm-ray-{os.getuid()}-{digest}"
+    with contextlib.suppress(FileExistsError):
+        short.mkdir(mode=0o700)
+    _check_own_folder(short)
     if not want.exists():
         want.parent.mkdir(parents=True, exist_ok=True)
         want.symlink_to(short, target_is_directory=True)
     return str(short)
 
 
+def _check_own_folder(folder: Path) -> None:
+    """A folder under the shared /tmp that Ray will run from: ours, and nobody else may write into it
+    (another user could otherwise have made it first and placed sockets or files there)."""
+    st = folder.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise ConfigError(
+            f"{folder} (Ray's session folder for this run) is not a folder of this user's that only this user may "
+            f"write (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}): remove it, or set ray.temp_dir to "
+            "a folder of your own"
+        )
+
+
+FORWARDED_PREFIXES = ("PC_MEGATRON_", "VLLM_", "TRITON_", "GLOO_", "NCCL_")
+FORWARDED_HF = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE",
+                "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_ENDPOINT", "TRANSFORMERS_OFFLINE")
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+
+
+def forwarded_env(environ: dict[str, str]) -> dict[str, str]:
+    """The driver's variables the actors get through Ray's runtime environment, which Ray stores and
+    shows (dashboard, state API): the project's, vLLM's, Triton's and the collectives' settings and the
+    Hugging Face cache and offline switches, never a variable whose name says it is a secret
+    (``HF_TOKEN``, ``*_API_KEY``, ...). Workers read models from the cache and need no credentials."""
+    out = {}
+    for k, v in environ.items():
+        if not (k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_HF):
+            continue
+        if any(word in k.upper() for word in SECRET_WORDS):
+            continue
+        out[k] = v
+    return out
+
+
+def _token_auth(rcfg: RayConfig) -> str:
+    """Token authentication, on unless ``RAY_AUTH_MODE=disabled`` is set. A Ray instance of the run's
+    own gets a fresh secret in this process's environment (inherited by the processes Ray starts, never
+    written to a file, $HOME included); joining a cluster needs the token the head was started with."""
+    mode = os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if mode != "token":
+        print(
+            f"RAY_AUTH_MODE={mode}: the Ray cluster accepts anyone who reaches its ports (its services listen on "
+            "every interface) and runs their code as this user; unset it for token auth",
+            file=sys.stderr,
+        )
+        return mode
+    if not rcfg.address:
+        if not os.environ.get("RAY_AUTH_TOKEN"):
+            os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        return mode
+    home_token = Path.home() / ".ray" / "auth_token"
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or home_token.is_file()):
+        raise ConfigError(
+            f"ray.address={rcfg.address}: joining a cluster with token authentication (RAY_AUTH_MODE=token, the "
+            "default) needs the cluster's token: export RAY_AUTH_TOKEN=<the token its head was started with> "
+            "(tools/slurm/pc-megatron.sbatch and docker/multinode.sh make one per job), or set "
+            "RAY_AUTH_MODE=disabled for a cluster started without authentication"
+        )
+    return mode
+
+
 def start_ray(rcfg: RayConfig, run_dir: Path, cpus_needed: float) -> None:
-    """Join or start Ray with the environment the project needs (token auth off for a local
-    instance, the temp folder in the run directory, actors' thread counts pinned)."""
+    """Join or start Ray with the environment the project needs (token authentication, the temp
+    folder in the run directory, actors' thread counts pinned, an allowlist of forwarded variables)."""
     ray = _ray()
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.59+ turns token auth on for local clusters
+    mode = _token_auth(rcfg)
+    from ray._raylet import Config
+
+    Config.initialize("")  # Ray reads RAY_AUTH_MODE when imported: read it again, as Ray's own token setup does
     env = {
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"],
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if k.startswith(("PC_MEGATRON_", "HF_", "VLLM_", "TRITON_", "GLOO_", "NCCL_"))
-        },
+        "RAY_AUTH_MODE": mode,
+        **forwarded_env(dict(os.environ)),
     }
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True, "include_dashboard": False}
     if rcfg.address:  # train() has checked that it answers (check_reachable)
-        ray.init(address=rcfg.address, **kwargs)
+        try:
+            ray.init(address=rcfg.address, **kwargs)
+        except ConnectionError as e:
+            if mode != "token":
+                raise
+            raise ConfigError(
+                f"the Ray cluster at {rcfg.address} answers but did not let this run join ({e}); with token "
+                "authentication the usual cause is a RAY_AUTH_TOKEN other than the one its head was started with"
+            ) from None
     else:
         ray.init(
             num_cpus=rcfg.num_cpus or math.ceil(cpus_needed),

@@ -40,3 +40,61 @@ def test_rotation_after_going_back_keeps_the_new_checkpoint_and_sets_the_abandon
     (root / "latest").write_text("step_000002")  # going back again: the second future is set aside too
     save_checkpoint(root, 2, {"loop": {"step": 2}}, keep_last=2)
     assert {"abandoned-step_000003", "abandoned-step_000003.2"} <= {p.name for p in root.iterdir()}
+
+
+class _WritesAFile:
+    """Unpickling this calls ``Path.write_text``: what a crafted checkpoint can do under pickle."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return (Path.write_text, (Path(self.target), "ran"))
+
+
+def test_a_crafted_state_file_whose_unpickling_runs_code_is_refused_and_runs_nothing(tmp_path):
+    from pc_megatron.checkpoint import load_latest
+
+    target = tmp_path / "written-by-the-checkpoint"
+    step = tmp_path / "step_000002"
+    step.mkdir()
+    torch.save({"loop": {"step": 2}, "scheduler": _WritesAFile(target)}, step / "state.pt")
+    (tmp_path / "latest").write_text("step_000002")
+    with pytest.raises(ModelFileError, match=r"state.pt: holds Python objects that loading would run as code"):
+        load_latest(tmp_path)
+    assert not target.exists()
+
+
+def test_the_replay_buffer_and_rng_states_come_back_from_plain_data(tmp_path):
+    """A Pilot-Commit buffer holds engine completions with their behaviour (log-probs, versions, spans):
+    written as plain data, read back with weights_only, equal to what was saved."""
+    import numpy as np
+
+    from pc_megatron.batch import Completion
+    from pc_megatron.checkpoint import load_latest, save_checkpoint
+    from pc_megatron.scheduler.types import Sample
+
+    completion = Completion(7, [5, 6, 2], [-0.5, -1.25, -0.125], "stop", 3, [(0, 2), (2, 3)])
+    buffer = [(7, [Sample(True, 1.0, 3, completion, 3), Sample(False, 0.0, 2, None, 4)], 5, 1)]
+    state = {"scheduler": {"buffer": buffer, "state": {0: "active", 7: "deferred"}, "prior": [0.5, np.float64(0.25)]},
+             "loop": {"step": 9}}
+    np.random.seed(3)
+    save_checkpoint(tmp_path, 9, state, keep_last=1)
+    expected_draw = np.random.rand()
+    back, _ = load_latest(tmp_path)
+    assert back["scheduler"]["buffer"] == buffer
+    assert back["scheduler"]["buffer"][0][1][0].payload.version_spans == [(0, 2), (2, 3)]
+    assert back["scheduler"]["prior"] == [0.5, 0.25] and back["scheduler"]["state"] == state["scheduler"]["state"]
+    from pc_megatron.checkpoint import set_rng_state
+
+    set_rng_state(back["rng"])
+    assert np.random.rand() == expected_draw
+
+
+def test_state_that_is_not_plain_data_is_refused_when_written_naming_where_it_sits(tmp_path):
+    from pc_megatron.checkpoint import save_checkpoint
+
+    with pytest.raises(TypeError, match=r"state\['scheduler'\]\['odd'\]: a .*_WritesAFile in the checkpoint state"):
+        save_checkpoint(tmp_path, 1, {"scheduler": {"odd": _WritesAFile(tmp_path / "x")}}, keep_last=1)

@@ -31,3 +31,46 @@ def test_an_engine_replica_never_spans_nodes():
     three_per_node = [Bundle(pg, i, node) for pg, node in ((pg_a, "10.0.0.1"), (pg_b, "10.0.0.2")) for i in range(3)]
     with pytest.raises(ConfigError, match=r"engine replica 1 \(tensor_parallel_size=2\) would span nodes"):
         replica_slices(three_per_node, 3, 2)
+
+
+def test_secrets_never_travel_in_rays_runtime_environment():
+    """Ray stores and shows the runtime environment: settings go, credentials do not."""
+    from pc_megatron.runtime.ray_cluster import forwarded_env
+
+    environ = {"HF_HOME": "/cache/hf", "HF_HUB_OFFLINE": "1", "HF_TOKEN": "hf_x", "HUGGING_FACE_HUB_TOKEN": "hf_y",
+               "VLLM_API_KEY": "k", "VLLM_USE_V1": "1", "NCCL_SOCKET_IFNAME": "eth0", "RAY_AUTH_TOKEN": "t",
+               "PC_MEGATRON_CACHE": "/c", "AWS_SECRET_ACCESS_KEY": "s", "WANDB_API_KEY": "w"}
+    assert forwarded_env(environ) == {"HF_HOME": "/cache/hf", "HF_HUB_OFFLINE": "1", "VLLM_USE_V1": "1",
+                                      "NCCL_SOCKET_IFNAME": "eth0", "PC_MEGATRON_CACHE": "/c"}
+
+
+def test_joining_a_cluster_without_its_token_is_one_clear_error_and_a_local_run_makes_its_own(tmp_path, monkeypatch):
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.runtime.ray_cluster import RayConfig, _token_auth
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.setenv(var, "")  # recorded as they were, so what _token_auth sets is undone after the test
+        monkeypatch.delenv(var)
+    with pytest.raises(ConfigError, match=r"ray.address=10.0.0.1:6379: .* needs the cluster's token: export RAY_"):
+        _token_auth(RayConfig(address="10.0.0.1:6379"))
+    assert _token_auth(RayConfig()) == "token"
+    token = __import__("os").environ["RAY_AUTH_TOKEN"]
+    assert len(token) == 64 and not (tmp_path / ".ray").exists()  # in the environment only, never under $HOME
+    assert _token_auth(RayConfig(address="10.0.0.1:6379")) == "token"  # now it has one to offer
+
+
+def test_rays_session_folder_under_tmp_must_be_this_users_alone(tmp_path):
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.runtime.ray_cluster import _check_own_folder
+
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    _check_own_folder(mine)
+    mine.chmod(0o777)  # made beforehand by someone else, or left open: refused
+    with pytest.raises(ConfigError, match=r"is not a folder of this user's .* mode drwxrwxrwx.*ray.temp_dir"):
+        _check_own_folder(mine)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    with pytest.raises(ConfigError, match="not a folder of this user's"):
+        _check_own_folder(link)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -239,7 +240,8 @@ def two_nodes():
     except subprocess.CalledProcessError as e:
         _teardown()
         pytest.skip(f"cannot make network namespaces here: {e.stderr.strip() or e}")
-    env = {"RAY_AUTH_MODE": "disabled", "GLOO_SOCKET_IFNAME": "pcm0", "OMP_NUM_THREADS": "1"}
+    token = secrets.token_hex(32)  # the job's own, as tools/slurm/pc-megatron.sbatch makes it
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "GLOO_SOCKET_IFNAME": "pcm0", "OMP_NUM_THREADS": "1"}
     (head_ns, head_ip), (node_ns, node_ip) = NODES
     try:
         _in(head_ns, str(BIN / "ray"), "start", "--head", f"--node-ip-address={head_ip}", f"--port={PORT}",
@@ -256,6 +258,12 @@ def test_three_steps_with_learner_ranks_on_two_nodes(cache_dir, tmp_path, two_no
     args = [*SMALL, "algo.loss.entropy_coef=0.05", "steps=3", "runtime=ray", f"ray.address={address}"]
     args += ["ray.bundles_per_node=1", "learner.pipeline_parallel_size=2", f"out_dir={tmp_path}", "name=two"]
     env = {**env, "PC_MEGATRON_CACHE": str(cache_dir), "PATH": os.environ["PATH"]}
+    # the cluster lets a run join only with its token: none, or another, is refused in one clear line
+    for bad, says in (("", "needs the cluster's token: export RAY_AUTH"), ("0" * 64, "did not let this run join")):
+        proc = _in(head_ns, str(BIN / "pc-megatron"), "train", "tiny", *args, "name=refused",
+                   env={**env, "RAY_AUTH_TOKEN": bad}, check=False)  # fmt: skip
+        assert proc.returncode != 0 and says in proc.stderr, proc.stderr[-3000:]
+        assert not (tmp_path / "refused" / "metrics.jsonl").exists()
     proc = _in(head_ns, str(BIN / "pc-megatron"), "train", "tiny", *args, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     placement = json.loads((tmp_path / "two" / "placement.json").read_text())
