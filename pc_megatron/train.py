@@ -17,8 +17,10 @@ import contextlib
 import dataclasses
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -30,6 +32,7 @@ from pc_megatron.config import RunConfig, to_yaml
 from pc_megatron.data.task import Task, expected_eval_set
 from pc_megatron.evaluate import evaluate, evaluate_sets, expected_accuracy
 from pc_megatron.files import atomic_write_text, claim_run_dir
+from pc_megatron.fingerprint import check_resume, run_fingerprint
 from pc_megatron.observability import MetricsLog, StepLog, summarize
 from pc_megatron.phases import PhaseTimes
 from pc_megatron.preemption import RunStopped, StopRequests, record_processes
@@ -67,8 +70,20 @@ class LoopState:
     between its weights and the ones it trains (``rollout.producer.staleness_metrics``)."""
 
 
-def train(cfg: RunConfig, run_dir: Path, resume: bool = False, capture=None) -> dict:
+@dataclass
+class Resumed:
+    """What ``train`` read before the runtime started: the checkpoint to resume (``(state, folder)``
+    or None) and the run's inputs as checked against it."""
+
+    found: tuple[dict, Path] | None
+    fingerprint: dict[str, Any]
+
+
+def train(
+    cfg: RunConfig, run_dir: Path, resume: bool = False, capture=None, on_resume: Callable[[], None] | None = None
+) -> dict:
     """The RL run, driven from this process; ``runtime`` places the learner and the engines.
+    ``on_resume``: called once a resume is accepted (the folder held, the checkpoint's inputs the same).
 
     ``capture`` (``pc-megatron profile``): ``capture.step(step)`` is entered around each step;
     a captured run measures steps only (no held-out evaluation, no checkpoint)."""
@@ -83,6 +98,13 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, capture=None) -> 
     with contextlib.ExitStack() as stack:
         # the folder is this run's until it ends, however it ends (a kill lets go of the lock too)
         stack.enter_context(contextlib.closing(claim_run_dir(run_dir)))
+        # the checkpoint first: a resume on other inputs stops before a file changes or a process starts
+        found = load_latest(run_dir / "checkpoints") if resume else None
+        fingerprint = run_fingerprint(cfg, task, tokenizer)
+        if found is not None:
+            check_resume(found[0].get("fingerprint"), fingerprint, str(found[1]))
+        if resume and on_resume is not None:
+            on_resume()
         atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
         if any(task.dropped.values()):
             dropped = f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {task.dropped}"
@@ -102,7 +124,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, capture=None) -> 
         )
         stack.callback(runtime.close)
         record_processes(run_dir)
-        return _run(cfg, run_dir, resume, task, policy_dir, tokenizer, rewards, runtime, t_start, capture, stop)
+        resumed = Resumed(found, fingerprint)
+        return _run(cfg, run_dir, resumed, task, policy_dir, tokenizer, rewards, runtime, t_start, capture, stop)
 
 
 def preflight(cfg: RunConfig, policy_dir: Path) -> None:
@@ -127,7 +150,7 @@ def preflight(cfg: RunConfig, policy_dir: Path) -> None:
 def _run(
     cfg: RunConfig,
     run_dir: Path,
-    resume: bool,
+    resumed: Resumed,
     task: Task,
     policy_dir: Path,
     tokenizer,
@@ -145,7 +168,7 @@ def _run(
     algo = dataclasses.replace(cfg.algo, loss=loss_cfg)
     rollouts = Rollouts(fleet, rewards, tokenizer, task.train, params, lambda s, k: stream_seed(cfg.seed, s, 1 + k))
     loop = LoopState()
-    found = load_latest(run_dir / "checkpoints") if resume else None
+    found, fingerprint = resumed.found, resumed.fingerprint
     if found is not None:
         state, path = found
         learner.load(path / "learner")
@@ -204,7 +227,7 @@ def _run(
             if scheduled or last or (stopping and cfg.checkpoint.on_signal):
                 loop.step, loop.wall_s = step, wall_at_start + time.time() - t_start
                 # the scheduler as it was when this step's batch was made: batches made ahead are made again
-                state = {"scheduler": made.scheduler_state, "loop": asdict(loop)}
+                state = {"scheduler": made.scheduler_state, "loop": asdict(loop), "fingerprint": fingerprint}
                 save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, policy_dir, learner)
                 record_processes(run_dir)  # the checkpoint writer's helper starts with the first save
             if stopping and not last:

@@ -40,6 +40,23 @@ def test_resume_refuses_a_change_the_record_cannot_hold(finished_run, capsys):
     assert (finished_run / "config.yaml").read_text() == before
 
 
+def test_a_config_yaml_edited_by_hand_is_refused_on_resume_naming_the_key(finished_run, capsys):
+    """config.yaml is what --resume compares overrides against; the checkpoint's own record of the
+    fixed keys catches an edit of the file itself."""
+    saved = finished_run / "config.yaml"
+    before = saved.read_text()
+    assert before.startswith("seed: 0\n")
+    try:
+        saved.write_text(before.replace("seed: 0", "seed: 5", 1))
+        assert main(["train", "--resume", str(finished_run), "steps=3"]) == 2
+        err = capsys.readouterr().err
+        assert "would continue on other inputs than the steps already taken" in err and "seed: 0 -> 5" in err
+        assert saved.read_text() == before.replace("seed: 0", "seed: 5", 1)  # refused before a file changed
+        assert not (finished_run / "checkpoints" / "step_000003").exists()
+    finally:
+        saved.write_text(before)
+
+
 def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run, capsys):
     files = {p: p.read_bytes() for p in finished_run.glob("*.json*")}
     assert main(["train", "--resume", str(finished_run)]) == 0

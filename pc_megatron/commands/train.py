@@ -5,6 +5,7 @@ change (``config.RESUME_SAFE``), each change logged in ``resumes.jsonl``."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from pc_megatron.errors import ConfigError
     from pc_megatron.train import train
 
+    accepted = None
     if args.resume:
         run_dir = Path(args.resume)
         saved = run_dir / "config.yaml"
@@ -47,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{run_dir}: the run is complete (step {done} of {cfg.steps}); nothing to do (raise steps= to train on)"
             )
             return 0
-        if changes:
-            _log_resume(run_dir, done or 0, changes)
+        if changes:  # logged once the run holds its folder and its checkpoint accepted the resume
+            accepted = functools.partial(_log_resume, run_dir, done or 0, changes)
     else:
         recipe, overrides = recipe_and_overrides(args)
         cfg = load_config(recipe, overrides)
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} or another name=")
     print(f"run directory: {run_dir}", flush=True)
     try:
-        train(cfg, run_dir, resume=bool(args.resume))
+        train(cfg, run_dir, resume=bool(args.resume), on_resume=accepted)
     except KeyboardInterrupt:
         print(
             f"interrupted; resume from the last checkpoint with `pc-megatron train --resume {run_dir}`", file=sys.stderr
