@@ -142,9 +142,10 @@ def preflight(cfg: RunConfig, policy_dir: Path) -> None:
     if cfg.runtime == "local" and world > 1:
         raise ConfigError(f"learner TP x PP x DP = {world} ranks need runtime=ray (runtime=local is one process)")
     if cfg.runtime == "ray" and cfg.ray.address:
-        from pc_megatron.runtime.ray_cluster import check_reachable
+        from pc_megatron.runtime.ray_cluster import check_join_token, check_reachable
 
         check_reachable(cfg.ray.address, cfg.ray.connect_timeout_s)
+        check_join_token(cfg.ray.address)
 
 
 def _run(

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,9 @@ class Probe:
     rc: int | None = None  # the exit status wanted; None = any non-zero
     timeout_s: float = 120.0
     runs_dir: Path | None = None  # a folder that must hold no new run afterwards
+    absent: Path | None = None  # a file that must not exist afterwards (what a crafted checkpoint would write)
+    env: dict[str, str | None] | None = None  # variables set (None: removed) for the command
+    holder: Path | None = None  # a run folder another process holds (its run.lock) while the command runs
 
 
 def probes(work: Path, run: Path) -> list[Probe]:
@@ -153,6 +157,47 @@ def probes(work: Path, run: Path) -> list[Probe]:
             ["train", "--resume", str(run), "model.tiny.hidden_size=96"],
             r"model\.tiny\.hidden_size",
         ),
+        train("keep_last=0", ["checkpoint.keep_last=0"], r"keep_last=0: keep at least 1", area="safety"),
+        Probe(
+            "safety",
+            "config.yaml emptied",
+            ["train", "--resume", str(work / "emptied")],
+            r"emptied/config\.yaml is empty.*restore it",
+        ),
+        Probe(
+            "safety",
+            "config.yaml edited by hand",
+            ["train", "--resume", str(work / "edited"), "steps=3"],
+            r"other inputs than the steps already taken.*seed: 0 -> 5",
+        ),
+        Probe(
+            "safety",
+            "state.pt that runs code when unpickled",
+            ["train", "--resume", str(work / "crafted"), "steps=3"],
+            r"state\.pt: holds Python objects that loading would run as code",
+            absent=work / "crafted-ran",
+        ),
+        Probe(
+            "safety",
+            "latest names a path",
+            ["train", "--resume", str(work / "latest_path"), "steps=3"],
+            r"names '\.\./\.\./outside', not a checkpoint of this folder",
+        ),
+        Probe(
+            "safety",
+            "a second run in a folder in use",
+            ["train", "--resume", str(work / "held"), "steps=3"],
+            r"held is in use by pid \d+",
+            holder=work / "held",
+        ),
+        Probe(
+            "safety",
+            "joining a cluster without its token",
+            [*t, "runtime=ray", "ray.address=127.0.0.1:PORT"],
+            r"needs the cluster's token: export RAY_AUTH_TOKEN",
+            runs_dir=runs,
+            env={"RAY_AUTH_MODE": None, "RAY_AUTH_TOKEN": None, "RAY_AUTH_TOKEN_PATH": None},
+        ),
         Probe(
             "ray",
             "cluster address that does not answer",
@@ -175,6 +220,36 @@ def damaged_copies(run: Path, work: Path) -> None:
     state.write_bytes(state.read_bytes()[:100])
     shard = sorted((latest_step(work / "damaged_shard") / "learner").glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[:100])
+
+
+class _WritesAFile:
+    """What a crafted checkpoint holds: unpickling it calls ``Path.write_text``."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (Path.write_text, (self.target, "ran"))
+
+
+def unsafe_copies(run: Path, work: Path) -> None:
+    """Copies of the finished run with one thing a user, a disk or an attacker got wrong each."""
+    import torch
+
+    for name in ("emptied", "edited", "crafted", "latest_path", "held"):
+        dst = work / name
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(run, dst, symlinks=True)
+        (dst / "summary.json").unlink(missing_ok=True)  # not finished: the resume goes on to its checks
+        (dst / "run.lock").unlink(missing_ok=True)
+    (work / "emptied" / "config.yaml").write_text("")
+    edited = work / "edited" / "config.yaml"
+    edited.write_text(edited.read_text().replace("seed: 0", "seed: 5", 1))
+    (work / "crafted-ran").unlink(missing_ok=True)
+    crafted = {"loop": {"step": 2}, "scheduler": _WritesAFile(work / "crafted-ran")}
+    torch.save(crafted, latest_step(work / "crafted") / "state.pt")
+    (work / "latest_path" / "checkpoints" / "latest").write_text("../../outside")
 
 
 def latest_step(run: Path) -> Path:
@@ -234,19 +309,40 @@ def main() -> int:
             capture_output=True,
         )
     damaged_copies(run, work)
+    unsafe_copies(run, work)
+    listener = socket.socket()  # answers a TCP connection as a cluster head would, for the token probe
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = str(listener.getsockname()[1])
     rows = []
     for p in probes(work, run):
         if args.only and args.only not in p.name:
             continue
         before = set(os.listdir(p.runs_dir)) if p.runs_dir else set()
+        env = dict(os.environ)
+        for k, v in (p.env or {}).items():
+            env.pop(k, None) if v is None else env.__setitem__(k, v)
+        holder = None
+        if p.holder is not None:  # another run holding the folder: the lock a run takes, held by a process
+            code = "import sys,time; from pc_megatron.files import claim_run_dir; c = claim_run_dir(sys.argv[1]); "
+            code += "print('held', flush=True); time.sleep(600)"
+            holder = subprocess.Popen([sys.executable, "-c", code, str(p.holder)], stdout=subprocess.PIPE, text=True)
+            holder.stdout.readline()
         t0 = time.monotonic()
         try:
-            cp = subprocess.run(["pc-megatron", *p.args], capture_output=True, text=True, timeout=p.timeout_s)
+            args_ = [a.replace("PORT", port) for a in p.args]
+            cp = subprocess.run(["pc-megatron", *args_], capture_output=True, text=True, timeout=p.timeout_s, env=env)
             rc, out = cp.returncode, cp.stdout + cp.stderr
         except subprocess.TimeoutExpired as e:
             rc, out = -9, (e.stdout or b"").decode() + (e.stderr or b"").decode()
+        finally:
+            if holder is not None:
+                holder.kill()
+                holder.wait()
         seconds = time.monotonic() - t0
         left = sorted(set(os.listdir(p.runs_dir)) - before) if p.runs_dir else []
+        if p.absent is not None and p.absent.exists():
+            left.append(str(p.absent))
         ok, why = judge(p, rc, out, seconds, left)
         last = next((ln for ln in reversed(out.strip().splitlines()) if ln.strip()), "")
         rows.append((p, ok, why, rc, seconds, last))

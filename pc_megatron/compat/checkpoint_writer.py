@@ -14,22 +14,13 @@ tracker exits once no process holds its pipe. Linux only (elsewhere Megatron's o
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import os
-import signal
 import sys
 
-_PR_SET_PDEATHSIG = 1
+from pc_megatron.lifetime import die_with_parent
+
 _manager = None
-
-
-def die_with_parent(parent: int) -> None:
-    """In the manager process: SIGKILL when the parent exits, however it exits."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(0)
 
 
 def install_results_queue() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import time
 from multiprocessing.connection import Connection, wait
 
 from pc_megatron.errors import RewardError
+from pc_megatron.lifetime import die_with_parent
 from pc_megatron.rewards import RewardConfig, RewardResult, build_reward
 
 _MIN_FAILURES = 8  # below this many failures a call is never called broken
@@ -48,7 +50,7 @@ class _Worker:
     def __init__(self, cfg: RewardConfig) -> None:
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pc_megatron.rewards.pool", str(theirs.fileno())],
+            [sys.executable, "-m", "pc_megatron.rewards.pool", str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
         )
@@ -119,7 +121,12 @@ class RewardPool:
             for w in self._workers:
                 if w.ready and not w.items and queue:
                     items = [queue.popleft() for _ in range(min(chunk, len(queue)))]
-                    w.conn.send([(i, completions[i], answers[i]) for i in items])
+                    try:
+                        w.conn.send([(i, completions[i], answers[i]) for i in items])
+                    except OSError:  # it died while idle (killed, out of memory): its items wait for another
+                        queue.extendleft(reversed(items))
+                        replace(w, timed_out=False)
+                        continue
                     w.items.extend(items)
                     w.deadline = now + cfg.timeout_s
             for w in [w for w in self._workers if w.items and w.deadline <= now]:
@@ -191,10 +198,12 @@ class RewardPool:
         self.close()
 
 
-def _serve(fd: int) -> None:
-    """A worker: build the reward, then answer every item of every chunk until the socket closes."""
+def _serve(fd: int, parent: int) -> None:
+    """A worker: build the reward, then answer every item of every chunk until the socket closes; it
+    dies with the driver, even while a reward hangs (a SIGKILLed driver closes no socket it can hear)."""
     import signal
 
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it ends us by closing the socket
     conn = Connection(fd)
     cfg_dict, path = conn.recv()
@@ -219,4 +228,4 @@ def _serve(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]))

@@ -171,7 +171,7 @@ class VllmEngine:
     # ------------------------------------------------------------------ control
     def _rpc(self, method: str, *args):
         """Call every worker; they must agree (one engine, TP workers in lockstep)."""
-        results = self.llm.collective_rpc(method, args=args)
+        results = self.llm.collective_rpc(method, timeout=self.cfg.timeout_s, args=args)  # vLLM's workers
         if any(r != results[0] for r in results[1:]):
             raise WeightSyncError(f"engine workers disagree on {method}: {results}")
         return results[0]
@@ -235,7 +235,7 @@ class VllmEngine:
 
     def sync_ranks(self) -> int:
         """Processes that receive a broadcast sync: one per vLLM worker."""
-        return len(self.llm.collective_rpc("pcm_weight_version"))
+        return len(self.llm.collective_rpc("pcm_weight_version", timeout=self.cfg.timeout_s))
 
     def join_group(self, info: dict, first_rank: int) -> str:
         """Every worker joins the broadcast transport's group, worker w as ``first_rank + w``."""

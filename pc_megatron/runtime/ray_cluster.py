@@ -148,15 +148,24 @@ def _token_auth(rcfg: RayConfig) -> str:
         if not os.environ.get("RAY_AUTH_TOKEN"):
             os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         return mode
+    check_join_token(rcfg.address)
+    return mode
+
+
+def check_join_token(address: str) -> None:
+    """Joining a cluster with token authentication (``RAY_AUTH_MODE`` unset or ``token``) needs the
+    cluster's token at hand: one ConfigError before any run folder exists, else Ray's own error comes
+    after the run has started."""
+    if os.environ.get("RAY_AUTH_MODE", "token") != "token":
+        return
     home_token = Path.home() / ".ray" / "auth_token"
     if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or home_token.is_file()):
         raise ConfigError(
-            f"ray.address={rcfg.address}: joining a cluster with token authentication (RAY_AUTH_MODE=token, the "
+            f"ray.address={address}: joining a cluster with token authentication (RAY_AUTH_MODE=token, the "
             "default) needs the cluster's token: export RAY_AUTH_TOKEN=<the token its head was started with> "
             "(tools/slurm/pc-megatron.sbatch and docker/multinode.sh make one per job), or set "
             "RAY_AUTH_MODE=disabled for a cluster started without authentication"
         )
-    return mode
 
 
 def start_ray(rcfg: RayConfig, run_dir: Path, cpus_needed: float) -> None:

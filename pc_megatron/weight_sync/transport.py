@@ -58,6 +58,32 @@ class _Sender:
         return handle
 
 
+def _pid_namespace() -> int:
+    """This process's PID namespace: containers sharing the host's /dev/shm (``--ipc host``) number
+    their processes apart, so a buffer's PID means something only within its own namespace."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def sweep_dead_buffers() -> list[Path]:
+    """Remove the shared-memory buffers that senders killed before their cleanup left behind (a
+    bucket each, 512 MiB by default): this user's files of this PID namespace whose process is gone."""
+    swept, ns, uid = [], str(_pid_namespace()), os.getuid()
+    for f in SHM_DIR.glob("pcm-sync-*-*-*"):
+        parts = f.name.split("-")  # pcm, sync, namespace, pid, id
+        if len(parts) != 5 or parts[2] != ns or not parts[3].isdigit():
+            continue
+        try:
+            if f.stat().st_uid != uid:
+                continue
+            os.kill(int(parts[3]), 0)
+        except ProcessLookupError:
+            f.unlink(missing_ok=True)
+            swept.append(f)
+        except (PermissionError, FileNotFoundError):
+            continue  # alive under another user, or removed meanwhile
+    return swept
+
+
 class SharedMemorySender(_Sender):
     """CPU transport: a file in ``/dev/shm`` that both processes map. Grows when a bucket needs
     more room (a new file; the handle names it)."""
@@ -81,7 +107,8 @@ class SharedMemorySender(_Sender):
                 "rollout.weight_sync.bucket_mb, or give the container more shared memory (docker run --shm-size=8g; "
                 "Docker's default is 64 MiB)"
             )
-        self.path = SHM_DIR / f"pcm-sync-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        sweep_dead_buffers()
+        self.path = SHM_DIR / f"pcm-sync-{_pid_namespace()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.buffer = torch.from_file(str(self.path), shared=True, size=size, dtype=torch.uint8)
 
     def pack(self, tensors: list[tuple[str, torch.Tensor]]) -> dict:

@@ -79,3 +79,45 @@ def test_a_reward_that_fails_everywhere_stops_the_run():
         with pytest.raises(RewardError, match=r"failed on 9 of 12 completions \(9 past reward.timeout_s=0.2"):
             pool.score(["1"] * 12, ["1"] * 12, _ids(12))
         assert time.perf_counter() - t0 < 20
+
+
+def test_a_worker_that_died_while_idle_is_replaced_at_the_next_call():
+    """Killed between two calls (the OOM killer, an operator): the next call is served by a new worker
+    instead of stopping the run with BrokenPipeError."""
+    with RewardPool(RewardConfig(workers=2)) as pool:
+        t0 = time.monotonic()
+        while not all(w.ready for w in pool._workers) and time.monotonic() - t0 < 60:  # both started
+            pool.score([str(i) for i in range(40)], ["1"] * 40, _ids(40))
+        for w in pool._workers:
+            w.proc.kill()
+            w.proc.wait()
+        out = pool.score([str(i) for i in range(40)], ["3"] * 40, _ids(40))
+    assert [r.correct for r in out.results] == [i == 3 for i in range(40)] and (out.timeouts, out.errors) == (0, 0)
+
+
+def test_a_worker_in_a_hung_reward_dies_with_a_sigkilled_driver(tmp_path):
+    """The driver gone without closing anything (SIGKILL) while a reward hangs: its workers end too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.settings import WORKERS
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from pc_megatron.rewards import RewardConfig\nfrom pc_megatron.rewards.pool import RewardPool\n"
+        "pool = RewardPool(RewardConfig(function='rewards_for_tests:always_hangs', workers=2, timeout_s=600))\n"
+        "print(' '.join(str(w.proc.pid) for w in pool._workers), flush=True)\n"
+        "pool.score(['1', '2'], ['1', '2'], ['a', 'b'])\n"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", code, str(WORKERS)], stdout=subprocess.PIPE, text=True)
+    workers = [psutil.Process(int(p)) for p in driver.stdout.readline().split()]
+    time.sleep(3)  # both workers inside the hanging reward
+    assert all(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"reward workers outlived the killed driver: {[p.pid for p in alive]}"

@@ -6,7 +6,9 @@ and the checksum says so.
 The shm transport runs here; the CUDA IPC one is the same test, marked ``gpu``."""
 
 import multiprocessing as mp
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,3 +141,30 @@ def test_a_too_small_dev_shm_is_one_clear_error_not_a_sigbus(monkeypatch):
     sender = make_sender("shm", 512 << 20)
     with pytest.raises(WeightSyncError, match=r"has 4 MiB free, a weight-sync bucket needs 512 MiB.*shm-size"):
         sender.pack([("w", torch.ones(4))])
+
+
+def test_buffers_a_killed_sender_left_in_dev_shm_are_swept_and_no_live_ones(tmp_path, monkeypatch):
+    """A SIGKILLed run cannot remove its bucket file; the next sender does, and only files of this
+    user and PID namespace whose process is gone (a live sender's, or another container's, stay)."""
+    import subprocess
+    import sys
+
+    from pc_megatron.weight_sync import transport
+
+    monkeypatch.setattr(transport, "SHM_DIR", tmp_path)
+    ns = transport._pid_namespace()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    dead = tmp_path / f"pcm-sync-{ns}-{dead_pid}-0123456789ab"
+    live = tmp_path / f"pcm-sync-{ns}-{os.getpid()}-0123456789ab"
+    elsewhere = tmp_path / f"pcm-sync-{ns + 1}-{dead_pid}-0123456789ab"  # another container's numbering
+    other = tmp_path / "pcm-sync-notours"
+    for f in (dead, live, elsewhere, other):
+        f.write_bytes(b"x")
+    sender = make_sender("shm", 1 << 16)
+    try:
+        handle = sender.pack([("w", torch.ones(4))])
+        assert not dead.exists() and live.exists() and elsewhere.exists() and other.exists()
+        assert Path(handle["path"]).parent == tmp_path and Path(handle["path"]).name.startswith(f"pcm-sync-{ns}-")
+    finally:
+        sender.close()
