@@ -4,8 +4,10 @@ target in one rename), and the claim of a run folder by one process at a time.""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -51,3 +53,18 @@ def claim_run_dir(run_dir: Path) -> IO:
     f.write(f"pid {os.getpid()}\n")
     f.flush()
     return f
+
+
+@contextlib.contextmanager
+def one_at_a_time(lock_path: Path) -> Iterator[None]:
+    """Only one process at a time inside (an exclusive lock on ``lock_path``, waited for): for work
+    that two runs may start at once on one shared result, such as computing a cached warm-start. Check
+    for the result again once inside: the process before may have made it."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

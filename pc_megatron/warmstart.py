@@ -18,6 +18,7 @@ from pc_megatron.data.sampler import PromptSampler
 from pc_megatron.data.synthetic import split_fields
 from pc_megatron.data.task import config_hash
 from pc_megatron.errors import ConfigError
+from pc_megatron.files import atomic_write_text, one_at_a_time
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.config import ModelConfig
 from pc_megatron.model.tokenizer import load_tokenizer
@@ -72,6 +73,17 @@ def ensure_warm_start(
         return out
     if not sft:
         raise ConfigError("warmstart.enabled needs SFT rows: set warmstart.data_path or disable the warm-start")
+    # two runs starting at once compute it once: the second waits, then finds it (it would otherwise
+    # replace the folder under the first run's feet)
+    with one_at_a_time(out.with_name(f"{out.name}.lock")):
+        if (out / "model.safetensors").is_file():
+            return out
+        return _train_warm_start(out, warmstart, learner, base, sft, progress)
+
+
+def _train_warm_start(
+    out: Path, warmstart: WarmStartConfig, learner: LearnerConfig, base: Path, sft: list[PromptRow], progress: bool
+) -> Path:
     from pc_megatron.learner import Learner
 
     ws = warmstart
@@ -106,5 +118,5 @@ def ensure_warm_start(
         "wall_s": time.time() - t0,
         "reproduce": "pc-megatron warmstart RECIPE [key=value ...] (same config => same key)",
     }
-    (out / "warmstart.json").write_text(json.dumps(info, indent=2))
+    atomic_write_text(out / "warmstart.json", json.dumps(info, indent=2))
     return out

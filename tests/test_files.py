@@ -47,3 +47,27 @@ def test_latest_naming_anything_but_a_checkpoint_is_refused(tmp_path):
         latest_checkpoint(tmp_path)
     (tmp_path / "latest").write_text("step_000004\n")
     assert latest_checkpoint(tmp_path) == tmp_path / "step_000004"
+
+
+def test_shared_work_is_done_by_one_process_and_the_second_finds_it(tmp_path):
+    """Two runs computing one cached warm-start: the second waits for the first, then finds the
+    result instead of replacing the folder the first is about to read."""
+    import subprocess
+    import sys
+    import time
+
+    from pc_megatron.files import one_at_a_time
+
+    lock, result = tmp_path / "ws.lock", tmp_path / "ws"
+    code = (
+        "import sys, time; from pathlib import Path; from pc_megatron.files import one_at_a_time\n"
+        "with one_at_a_time(Path(sys.argv[1])):\n"
+        "    print('in', flush=True); time.sleep(2); Path(sys.argv[2]).mkdir()\n"
+    )
+    first = subprocess.Popen([sys.executable, "-c", code, str(lock), str(result)], stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "in"
+    t0 = time.monotonic()
+    with one_at_a_time(lock):
+        waited = time.monotonic() - t0
+        assert result.is_dir()  # made by the first, which held the lock until it was done
+    assert waited > 1.0 and first.wait() == 0
