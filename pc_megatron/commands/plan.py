@@ -205,6 +205,7 @@ def plan(cfg: RunConfig, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict
         "gpu": gpu,
         "rollouts_per_step": rollouts,
         "trained_tokens_per_step": B * ns * seq,
+        "fp8": fp8_line(lc.fp8, lc.fp8_recipe, tp, dp),
     }
     problems = []
     if train_peak > gpu:
@@ -240,6 +241,17 @@ def plan(cfg: RunConfig, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict
     return out
 
 
+def fp8_line(fp8: str, recipe: str, tp: int, dp: int) -> str:
+    """How FP8 scaling stays in step across ranks (``learner/model.py``: ``tp_only_amax_red``)."""
+    if not fp8:
+        return ""
+    return (
+        f"{fp8} ({recipe} scaling): amax reduced over the {tp} tensor-parallel rank(s) only, never across the {dp} "
+        "data-parallel ranks, which may run different micro-batch counts a step (token budget); the gradients, "
+        "and so the weights, stay identical across data-parallel ranks"
+    )
+
+
 def _budget_line(res: dict) -> str:
     fits = f"the largest that fits is {res['fitting_budget']:,}"
     if not res["budget"]:
@@ -267,6 +279,8 @@ def format_plan(res: dict) -> str:
         f"  peak           {g(res['peak'])} of {g(res['gpu'])}",
         f"per step         {res['rollouts_per_step']}; <= {res['trained_tokens_per_step']:,} trained tokens",
     ]
+    if res["fp8"]:
+        lines.append(f"FP8              {res['fp8']}")
     if res["placement"]:
         lines += ["", "placement and weight routes", *(f"  {line}" for line in res["placement"])]
     if res["problems"]:

@@ -31,7 +31,8 @@ class LearnerConfig:
     """FP8 GEMMs through Transformer Engine: '' (off), 'hybrid' (e4m3 forward, e5m2 backward) or
     'e4m3'. Needs a GPU, the TE layer spec and bf16."""
     fp8_recipe: str = "delayed"
-    """TE scaling recipe: 'delayed' or 'tensorwise' (Hopper); 'mxfp8', 'blockwise' (Blackwell)."""
+    """TE scaling recipe: 'delayed', 'tensorwise' (Hopper and later); 'blockwise' (Hopper with CUDA >=
+    12.9, and later); 'mxfp8' (Blackwell). Amax is reduced over tensor-parallel ranks only."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (shards norms/dropout activations over the TP group);
     needs tensor_parallel_size > 1 and a GPU (NCCL reduce-scatter)."""

@@ -26,10 +26,14 @@ def transformer_config(
     fp8: str = "",
     fp8_recipe: str = "delayed",
     sp: bool = False,
+    te: bool = False,
 ):
+    """``te``: the Transformer Engine layer spec, on which (on CUDA) Megatron's fused RoPE (THD
+    included), SwiGLU and bias-dropout-add kernels run."""
     from megatron.core.transformer import TransformerConfig
 
     on_gpu = torch.cuda.is_available()
+    fused = te and on_gpu
     pp = parallel.pipeline_parallel_size
     dtype = torch.bfloat16 if bf16 else torch.float32
     return TransformerConfig(
@@ -46,6 +50,11 @@ def transformer_config(
         sequence_parallel=sp,
         fp8=fp8 or None,
         fp8_recipe=fp8_recipe,
+        # FP8 scaling factors (amax) are reduced over the tensor-parallel ranks only: each FP8 forward
+        # and backward would otherwise wait on every data-parallel rank, and the token-budget planner
+        # gives data-parallel ranks different micro-batch counts, so a rank done early would be in the
+        # gradient reduction while the others wait in an amax reduction (a deadlock at the first step)
+        tp_only_amax_red=bool(fp8),
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_heads,
@@ -64,12 +73,13 @@ def transformer_config(
         params_dtype=dtype,
         bf16=bf16,
         use_cpu_initialization=not on_gpu,
-        # The fused kernels below are CUDA-only; on GPU TE provides its own fusions.
-        bias_activation_fusion=False,
+        # Megatron's fused kernels: CUDA with the TE spec only (the local spec's CPU runs take the
+        # unfused paths; its softmax and layer norm are not used by the TE spec)
+        bias_activation_fusion=fused,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
+        bias_dropout_fusion=fused,
+        apply_rope_fusion=fused,
     )
 
 
@@ -103,7 +113,7 @@ def build_gpt_model(
         # the local attention plus packed (THD) micro-batches; unpacked input takes the parent's path
         layer_spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
     model = GPTModel(
-        config=transformer_config(arch, parallel, bf16, fp8, fp8_recipe, sp),
+        config=transformer_config(arch, parallel, bf16, fp8, fp8_recipe, sp, te=impl == "transformer_engine"),
         transformer_layer_spec=layer_spec,
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,

@@ -55,3 +55,14 @@ def test_plan_names_the_dimension_a_tensor_parallel_size_does_not_divide():
 
     with pytest.raises(ConfigError, match="tensor-parallel size 3 does not divide the model's num_key_value_heads=8"):
         plan(load_config("polaris-14b", ["learner.tensor_parallel_size=3"]))
+
+
+@pytest.mark.parametrize("recipe", ["deepmath-1.5b", "polaris-4b", "polaris-8b", "polaris-14b"])
+def test_plan_says_how_fp8_scaling_stays_in_step_across_data_parallel_ranks(recipe, capsys):
+    assert main(["plan", recipe, "learner.fp8=hybrid"]) in (0, 2)  # a recipe may not fit as given
+    out = capsys.readouterr().out
+    dp = load_config(recipe).learner.data_parallel_size
+    assert f"amax reduced over the {load_config(recipe).learner.tensor_parallel_size} tensor-parallel" in out
+    assert f"never across the {dp} data-parallel ranks" in out
+    assert out.count("learner rank") + out.count("engine") >= 2 and "no weight route" not in out
+    assert main(["plan", recipe]) in (0, 2) and "FP8" not in capsys.readouterr().out  # said only with FP8

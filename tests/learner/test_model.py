@@ -88,3 +88,25 @@ def test_fp8_without_a_gpu_is_one_clear_error(tiny_model_dir):
 
     with pytest.raises(ConfigError, match="learner.fp8 needs a CUDA GPU with Transformer Engine"):
         Learner(tiny_model_dir, LearnerConfig(bf16=True, fp8="hybrid"), seed=0)
+
+
+def test_fp8_scaling_stays_within_tensor_parallel_ranks_and_the_fusions_follow_the_te_spec_on_cuda(tiny_model_dir):
+    """Data-parallel ranks get different micro-batch counts from the token-budget planner; with FP8's
+    amax reduced over data-parallel ranks too, a rank done early would wait in the gradient reduction
+    while the others wait in an amax reduction. The amax stays within the tensor-parallel group (which
+    shares one plan). Megatron's fused RoPE/SwiGLU/bias-dropout kernels: TE spec on CUDA only."""
+    from types import SimpleNamespace
+
+    from pc_megatron.learner.microbatch import plan_micro_batches
+    from pc_megatron.learner.model import transformer_config
+
+    counts = {len(r) for r in plan_micro_batches([64, 900, 70, 2000, 64, 80, 3000, 90], 4, max_tokens=2048).ranks}
+    assert len(counts) > 1  # what makes a cross-DP reduction per micro-batch unsafe
+    arch, layout = load_arch(tiny_model_dir), SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1)
+    fp8 = transformer_config(arch, layout, bf16=True, fp8="hybrid", te=True)
+    assert fp8.tp_only_amax_red
+    assert not transformer_config(arch, layout, bf16=True).tp_only_amax_red
+    fused = torch.cuda.is_available()  # on CPU the TE spec never runs; the fusions are CUDA kernels
+    assert (fp8.apply_rope_fusion, fp8.bias_activation_fusion, fp8.bias_dropout_fusion) == (fused,) * 3
+    local = transformer_config(arch, layout, bf16=False, te=False)
+    assert not (local.apply_rope_fusion or local.bias_activation_fusion or local.bias_dropout_fusion)
