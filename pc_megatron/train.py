@@ -141,6 +141,19 @@ def preflight(cfg: RunConfig, policy_dir: Path) -> None:
     world = lc.tensor_parallel_size * lc.pipeline_parallel_size * lc.data_parallel_size
     if cfg.runtime == "local" and world > 1:
         raise ConfigError(f"learner TP x PP x DP = {world} ranks need runtime=ray (runtime=local is one process)")
+    if cfg.runtime == "local" and cfg.rollout.backend == "vllm":  # the engine's workers and their one route
+        from pc_megatron.weight_sync.routes import Slot, plan_routes
+
+        workers = [Slot("local", w) for w in range(cfg.rollout.vllm.tensor_parallel_size)]
+        plan_routes(
+            [Slot("local", 0)],
+            [workers],
+            on_gpu=torch.cuda.is_available(),
+            placement="colocated",
+            transport=cfg.rollout.weight_sync.transport,
+            runtime="local",
+            engine="vllm",
+        )
     if cfg.runtime == "ray" and cfg.ray.address:
         from pc_megatron.runtime.ray_cluster import check_join_token, check_reachable
 

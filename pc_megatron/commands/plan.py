@@ -96,7 +96,7 @@ def placement(cfg: RunConfig, gpus_per_node: int) -> tuple[list[str], list]:
     world = lc.tensor_parallel_size * lc.pipeline_parallel_size * lc.data_parallel_size
     tp = rc.vllm.tensor_parallel_size if rc.backend == "vllm" else 1
     if cfg.runtime == "local":
-        learner, engines = [Slot("local", 0)], [[Slot("local", 0)]]
+        learner, engines = [Slot("local", 0)], [[Slot("local", w) for w in range(tp)]]
     else:
         groups = 2 if cfg.algo.loss.kl_coef > 0 else 1
         per_node = cfg.ray.bundles_per_node or gpus_per_node

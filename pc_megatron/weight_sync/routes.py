@@ -88,6 +88,13 @@ def plan_routes(
             raise ConfigError("rollout.weight_sync.transport=broadcast needs runtime=ray (one process has no peer)")
         if kind == "cuda_ipc" and not on_gpu:
             raise ConfigError("rollout.weight_sync.transport=cuda_ipc needs a GPU; use shm (or auto) on CPU")
+        if kind == "cuda_ipc" and len(replicas[0]) > 1:
+            raise ConfigError(
+                f"runtime=local with an engine of {len(replicas[0])} GPUs (rollout.vllm.tensor_parallel_size): the "
+                "learner's CUDA IPC buffer is on one GPU and each engine worker must read its shard on its own; "
+                "use runtime=ray (ray.placement=colocated puts a learner rank on each engine worker's GPU; split "
+                "broadcasts to them), or rollout.vllm.tensor_parallel_size=1"
+            )
         return [Route(0, 0, replicas[0][0], 0, kind)]
     by_slot = {s.index: rank for rank, s in enumerate(learner)}
     routes = []

@@ -85,3 +85,18 @@ def test_every_shipped_recipe_has_a_route_for_every_engine_worker(recipe):
     cfg = load_config(recipe)
     workers = cfg.rollout.replicas * cfg.rollout.vllm.tensor_parallel_size
     assert len(out["routes"]) == workers
+
+
+def test_one_process_with_a_multi_gpu_engine_is_refused_naming_the_layout_and_the_fix():
+    """runtime=local on a GPU: one CUDA IPC buffer on the learner's GPU, engine workers on others; worker 1
+    would fail its GPU check at the first sync, after both models loaded. Refused before anything starts;
+    on CPU the one shared-memory file reaches every worker."""
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.weight_sync.routes import Slot, plan_routes
+
+    two = [[Slot("local", 0), Slot("local", 1)]]
+    kw = {"placement": "colocated", "runtime": "local", "engine": "vllm"}
+    with pytest.raises(ConfigError, match=r"runtime=local with an engine of 2 GPUs .* use runtime=ray .*=1"):
+        plan_routes([Slot("local", 0)], two, on_gpu=True, **kw)
+    assert [r.transport for r in plan_routes([Slot("local", 0)], two, on_gpu=False, **kw)] == ["shm"]
+    assert [r.transport for r in plan_routes([Slot("local", 0)], [two[0][:1]], on_gpu=True, **kw)] == ["cuda_ipc"]
