@@ -46,6 +46,12 @@ class HFEngine:
     def begin_sync(self) -> None:
         self._staged = {}
 
+    def gpu_ids(self) -> list[str]:
+        """The one process's GPU (UUID), '' on CPU."""
+        from pc_megatron.weight_sync.buckets import gpu_uuid
+
+        return [gpu_uuid(self.device) if self.device.type == "cuda" else ""]
+
     def sync_ranks(self) -> int:
         """Processes that receive a broadcast sync: this one."""
         return 1

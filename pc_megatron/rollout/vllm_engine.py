@@ -233,6 +233,10 @@ class VllmEngine:
         self._wake(["weights"])
         self._rpc("pcm_begin_sync")
 
+    def gpu_ids(self) -> list[str]:
+        """Each worker's physical GPU (UUID; '' on CPU), in worker (tensor-parallel rank) order."""
+        return list(self.llm.collective_rpc("pcm_gpu_uuid", timeout=self.cfg.timeout_s))
+
     def sync_ranks(self) -> int:
         """Processes that receive a broadcast sync: one per vLLM worker."""
         return len(self.llm.collective_rpc("pcm_weight_version", timeout=self.cfg.timeout_s))

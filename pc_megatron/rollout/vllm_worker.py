@@ -44,6 +44,12 @@ class WeightSyncExtension:
     def pcm_weight_version(self) -> int | None:
         return self._pcm_version
 
+    def pcm_gpu_uuid(self) -> str:
+        """This worker's physical GPU (its UUID), '' on CPU."""
+        from pc_megatron.weight_sync.buckets import gpu_uuid
+
+        return gpu_uuid(self.device) if self.device.type == "cuda" else ""
+
     def pcm_watch_owner(self, owner: int) -> bool:
         """End this worker and the vLLM processes between it and ``owner`` (the process that built the
         engine: its engine core) once ``owner`` is gone, however it ended. vLLM's processes outlive a

@@ -37,6 +37,14 @@ class LearnerWorker:
         self._group: tuple[list, Any] | None = None  # rank 0: (engines, BroadcastGroup) of the broadcast transport
         self._senders: dict[str, Any] | None = None  # this rank's senders of routed syncs, by transport
 
+    def gpu_id(self) -> str:
+        """The physical GPU this rank trains on (its UUID), '' on CPU."""
+        import torch
+
+        from pc_megatron.weight_sync.buckets import gpu_uuid
+
+        return gpu_uuid(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available() else ""
+
     def address(self) -> tuple[str, int]:
         return _node_ip(), _free_port()
 
@@ -173,6 +181,10 @@ class EngineWorker:
 
     def begin_sync(self) -> None:
         self.engine.begin_sync()
+
+    def gpu_ids(self) -> list[str]:
+        """The physical GPU of each of the engine's workers, in worker order."""
+        return self.engine.gpu_ids()
 
     def sync_ranks(self) -> int:
         """Processes that receive a broadcast sync (this actor, or each vLLM worker)."""

@@ -40,7 +40,7 @@ from pc_megatron.runtime.ray_cluster import (
     replica_slices,
     start_ray,
 )
-from pc_megatron.weight_sync.routes import Slot, plan_routes
+from pc_megatron.weight_sync.routes import Slot, match_by_gpu, plan_routes
 
 if TYPE_CHECKING:
     import torch
@@ -273,6 +273,11 @@ class RayRuntime:
                 opts, ray_bundles = actor_options(head, rcfg.cpus_per_bundle * share, share if on_gpu else 0), None
             engines.append(engine_cls.options(**opts).remote(rc, str(policy_dir), lc.bf16, threads, ray_bundles))
         self.fleet = RayRolloutFleet(engines, [r[0].node for r in replica_bundles], rc.timeout_s)
+        if on_gpu and any(r.transport == "cuda_ipc" for r in self.routes):  # by physical GPU, not bundle index
+            learners = self.learner.workers
+            learner_gpus = ray_get([w.gpu_id.remote() for w in learners], self.learner.names, rcfg.call_timeout_s)
+            worker_gpus = ray_get([e.gpu_ids.remote() for e in engines], self.fleet.names, rc.timeout_s)
+            self.routes = match_by_gpu(self.routes, learner_gpus, worker_gpus)
         placement = {
             "learner": self.learner.nodes,
             "reference_learner": self.ref_learner.nodes if self.ref_learner else [],

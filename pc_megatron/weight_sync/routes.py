@@ -23,6 +23,7 @@ nodes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from pc_megatron.errors import ConfigError
@@ -102,6 +103,29 @@ def plan_routes(
         for w, slot in enumerate(workers):
             routes.append(_route(k, w, slot, learner, by_slot, on_gpu, placement, transport))
     return routes
+
+
+def match_by_gpu(routes: list[Route], learner_gpus: list[str], worker_gpus: list[list[str]]) -> list[Route]:
+    """CUDA IPC routes re-pointed at the learner rank on the same physical GPU, by the identity both
+    report (``gpu_uuid``), not by bundle index: vLLM's Ray executor puts worker w of a replica on the
+    w-th smallest GPU id of the replica's bundles, and Ray does not promise ascending GPU ids along
+    bundle indices. ``worker_gpus[k][w]``: replica k's worker w. A worker on no learner rank's GPU is
+    one ConfigError naming it."""
+    out = []
+    for r in routes:
+        if r.transport != "cuda_ipc":
+            out.append(r)
+            continue
+        gpu = worker_gpus[r.replica][r.worker]
+        senders = [rank for rank, g in enumerate(learner_gpus) if g == gpu]
+        if not senders:
+            raise ConfigError(
+                f"engine replica {r.replica} worker {r.worker} runs on GPU {gpu}, where no learner rank runs (learner "
+                f"GPUs: {learner_gpus}); CUDA IPC copies within one GPU: give every engine worker a learner rank on "
+                "its GPU (ray.placement=colocated with as many learner ranks as engine workers), or use broadcast"
+            )
+        out.append(dataclasses.replace(r, sender=senders[0]))
+    return out
 
 
 def _route(k, w, slot: Slot, learner: list[Slot], by_slot: dict[int, int], on_gpu, placement, transport) -> Route:

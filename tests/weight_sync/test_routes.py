@@ -100,3 +100,25 @@ def test_one_process_with_a_multi_gpu_engine_is_refused_naming_the_layout_and_th
         plan_routes([Slot("local", 0)], two, on_gpu=True, **kw)
     assert [r.transport for r in plan_routes([Slot("local", 0)], two, on_gpu=False, **kw)] == ["shm"]
     assert [r.transport for r in plan_routes([Slot("local", 0)], [two[0][:1]], on_gpu=True, **kw)] == ["cuda_ipc"]
+
+
+def test_cuda_ipc_routes_follow_the_physical_gpu_not_the_bundle_index():
+    """Ray gave the bundles GPUs in another order than their indices (bundle 0 on GPU-c, ...), and vLLM
+    puts worker w of a replica on the w-th smallest GPU id: each worker is matched to the learner rank
+    that reports the same GPU. A worker on a GPU of no learner rank is one error naming it."""
+    import random
+
+    from pc_megatron.weight_sync.routes import match_by_gpu
+
+    learner, replicas = layout_slots(8, 4, 2, "colocated", 8, 1)
+    routes = plan_routes(learner, replicas, on_gpu=True, placement="colocated")
+    gpus = [f"GPU-{c}" for c in "abcdefgh"]
+    rng = random.Random(3)
+    learner_gpus = rng.sample(gpus, 8)  # rank r's bundle landed on this physical GPU
+    on_bundle = {s.index: learner_gpus[r] for r, s in enumerate(learner)}
+    worker_gpus = [sorted(on_bundle[s.index] for s in workers) for workers in replicas]  # vLLM's order
+    matched = match_by_gpu(routes, learner_gpus, worker_gpus)
+    assert all(learner_gpus[r.sender] == worker_gpus[r.replica][r.worker] for r in matched)
+    assert [r.sender for r in matched] != [r.sender for r in routes]  # the index order would have been wrong here
+    with pytest.raises(ConfigError, match=r"engine replica 0 worker 0 runs on GPU GPU-z, where no learner rank runs"):
+        match_by_gpu(routes, learner_gpus, [["GPU-z", *w[1:]] if k == 0 else w for k, w in enumerate(worker_gpus)])
