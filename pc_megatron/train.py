@@ -193,8 +193,8 @@ def _run(
     metrics = MetricsLog(run_dir, resume_step=loop.step if found else -1)  # later rows are redone
     trained = StepLog(run_dir / "trained.jsonl", resume_step=loop.step if found else -1)
     gate = EngineGate(cfg.rollout.timeout_s)
+    learner.offload()  # the training peak's memory goes back first: the sync wakes the engine's weights
     runtime.sync_weights()
-    learner.offload()
     streaming = cfg.scheduler.stream and getattr(fleet, "streams", False)
     producer = make_producer(
         cfg.rollout.max_staleness, scheduler, rollouts, gate, lambda: fleet.weight_version, streaming
@@ -300,12 +300,14 @@ def _step(
             min_rows=cfg.learner.data_parallel_size,
         )
         with times("sync"):
+            # the learner's training peak (cached blocks; with offload_during_rollout its optimizer state
+            # and gradients) is released before the sync wakes the engine's weights and vLLM's runtime pools
+            learner.offload()
             if cfg.rollout.inflight == "keep":  # the engine takes it mid-call, pausing and keeping its requests
                 row |= runtime.sync_weights()
             else:
                 with gate.hold(f"the weight sync after step {step}"):  # drain: after the call in flight
                     row |= runtime.sync_weights()
-            learner.offload()
         loop.update_versions.append(learner.version)
         row["engine_weight_version"] = fleet.weight_version
     producer.weights_updated(step)

@@ -75,6 +75,20 @@ def test_phase_times_add_up_to_the_step_time(two_step_run):
         assert 0.95 * row["time_step_s"] <= phases <= row["time_step_s"], row
 
 
+def test_the_learner_releases_its_training_memory_before_each_sync_wakes_the_engine(cache_dir, tmp_path, monkeypatch):
+    """On a GPU the sync wakes the engine's weights (and vLLM's runtime pools): the learner's training
+    peak must be given back first, or the two compete for the card. The order, recorded on CPU."""
+    from pc_megatron.learner import Learner
+    from pc_megatron.rollout.hf_engine import HFEngine
+
+    calls = []
+    offload, update = Learner.offload, HFEngine.update_weights
+    monkeypatch.setattr(Learner, "offload", lambda self: (calls.append("offload"), offload(self))[1])
+    monkeypatch.setattr(HFEngine, "update_weights", lambda self, *a: (calls.append("sync"), update(self, *a))[1])
+    train(load_config("tiny", [*SMALL, "steps=2"]), tmp_path / "order")
+    assert calls == ["offload", "sync"] * 3  # at the start, then after each of the two updates
+
+
 def test_learner_and_engine_logprobs_agree_every_step(two_step_run):
     """Weight sync is exact: in fp32 the learner reproduces the engine's sampling log-probs."""
     for row in read_metrics(two_step_run[0])[1:]:
