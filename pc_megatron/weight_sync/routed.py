@@ -6,9 +6,9 @@ cut the same buckets. Per bucket:
 
 1. every sending rank packs the bucket into its own reusable buffer (per transport);
 2. the handles are gathered to rank 0 (a collective: rank 0 goes on once every rank has packed);
-3. rank 0 loads the bucket into every engine replica, each worker opening its own sender's handle
-   (``{"kind": "routed", "workers": [...]}``); the receivers copy out and synchronise before they
-   answer;
+3. rank 0 loads the bucket into every engine replica at once (all loads started, then all waited
+   for), each worker opening its own sender's handle (``{"kind": "routed", "workers": [...]}``); the
+   receivers copy out and synchronise before they answer;
 4. a barrier: no rank refills its buffer before every engine has copied out of it.
 
 A failure on any rank (a pack, a load) is carried through the next gather, every rank keeps walking
@@ -58,6 +58,20 @@ def routed_handle(handles: list[dict]) -> dict:
     return handles[0] if len(handles) == 1 else {"kind": "routed", "workers": handles}
 
 
+def load_all(loads: list[tuple[SyncTarget, dict]]) -> None:
+    """Each target's bucket: every load started before any is waited for, so that the replicas copy
+    at once (targets in other processes, ``start_load``/``finish_load``) instead of one after another
+    while the other learner ranks wait; a target in this process loads when its turn comes."""
+    started = []
+    for target, handle in loads:
+        if hasattr(target, "start_load"):
+            started.append((target, target.start_load(handle)))
+        else:
+            target.load_bucket(handle)
+    for target, pending in started:
+        target.finish_load(pending)
+
+
 def push_routed(
     named: Iterable[tuple[str, torch.Tensor]],
     manifest: Manifest,
@@ -97,8 +111,7 @@ def push_routed(
                 else:
                     per_worker = {wid: h for part in gathered for wid, h in part.items()}
                     try:
-                        for target, wids in targets:
-                            target.load_bucket(routed_handle([per_worker[w] for w in wids]))
+                        load_all([(t, routed_handle([per_worker[w] for w in wids])) for t, wids in targets])
                     except Exception as e:
                         mine = mine or e
                         failed = f"{type(e).__name__}: {e}"
