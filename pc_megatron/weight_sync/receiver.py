@@ -92,7 +92,7 @@ class BucketReceiver:
         elif kind == "cuda_ipc":
             key = handle["buffer_id"]
             if key != self._key:
-                self._buffer = open_ipc_buffer(handle)
+                self._buffer = open_ipc_buffer(handle, self.device)
         else:
             raise ValueError(f"unknown weight-sync transport '{kind}'")
         self._key = key
@@ -120,11 +120,13 @@ def _open_shared_file(path: str, size: int) -> torch.Tensor:
     return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
 
 
-def open_ipc_buffer(handle: dict) -> torch.Tensor:
+def open_ipc_buffer(handle: dict, device: torch.device | None = None) -> torch.Tensor:
     """The sender's CUDA buffer, mapped into this process on the same physical GPU. The handle's
-    device index is the sender's numbering; this process opens it on its own current device, after
+    device index is the sender's numbering; this process opens it on ``device`` (the receiver's own:
+    the calling thread's current device may be another, e.g. in a thread vLLM did not set up), after
     checking that it is the GPU the handle names (by UUID): CUDA IPC does not cross GPUs."""
-    device = torch.device("cuda", torch.cuda.current_device())
+    if device is None or device.index is None:  # "cuda" alone: the current device
+        device = torch.device("cuda", torch.cuda.current_device())
     mine = gpu_uuid(device)
     if handle.get("gpu") and handle["gpu"] != mine:
         raise WeightSyncError(

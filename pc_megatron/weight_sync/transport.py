@@ -126,6 +126,21 @@ class SharedMemorySender(_Sender):
             self.path = None
 
 
+def ipc_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A CUDA buffer another process can open by a CUDA IPC handle. Under an inherited
+    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` the allocator would map it as an expandable
+    segment, which another process opens only with ``pidfd_getfd`` (CAP_SYS_PTRACE, absent in
+    unprivileged containers): this one allocation is made with expandable segments off."""
+    expandable = "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+    if expandable:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    finally:
+        if expandable:
+            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+
+
 class CudaIpcSender(_Sender):
     """GPU transport for an engine on the same device: one CUDA buffer exported once by a CUDA
     IPC handle; each bucket is a device-to-device copy into it. The handle names the GPU by its
@@ -146,7 +161,7 @@ class CudaIpcSender(_Sender):
             return
         from torch.multiprocessing.reductions import reduce_tensor
 
-        self.buffer = torch.empty(max(nbytes, self.bucket_bytes), dtype=torch.uint8, device=self.device)
+        self.buffer = ipc_buffer(max(nbytes, self.bucket_bytes), self.device)
         self.handle = pickle.dumps(reduce_tensor(self.buffer))
         self.buffer_id = uuid.uuid4().hex
         self.gpu = gpu_uuid(self.buffer.device)

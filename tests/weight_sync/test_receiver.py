@@ -95,6 +95,22 @@ def test_cuda_ipc_receiver_that_copies_before_answering_gets_every_bucket_intact
 
 
 @pytest.mark.gpu
+def test_cuda_ipc_works_under_an_inherited_expandable_segments_setting(monkeypatch):
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (a common inherited setting): the IPC buffer is
+    still an ordinary allocation, which another process opens without extra privileges; the setting
+    is back on after it."""
+    from pc_megatron.weight_sync.transport import ipc_buffer
+
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:
+        assert _run("cuda_ipc", "copy", "cuda:0") == [True, True, True]
+        assert ipc_buffer(1 << 20, torch.device("cuda", 0)).numel() == 1 << 20
+    finally:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+
+
+@pytest.mark.gpu
 def test_cuda_ipc_negative_control_deferred_reads_see_the_next_bucket():
     assert _run("cuda_ipc", "deferred", "cuda:0") == [False, False, True]
 
