@@ -21,6 +21,7 @@ own (``ray.placement=split``) never sleep.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import threading
@@ -88,6 +89,24 @@ def cpu_thread_binding(tensor_parallel_size: int, cores: list[int] | None = None
     return "|".join(",".join(map(str, cores[w * per : (w + 1) * per])) for w in range(tensor_parallel_size))
 
 
+class _NoTokenizerWarmup(logging.Filter):
+    """vLLM 0.32's ``LLM()`` warms its chat template up even with ``skip_tokenizer_init=True`` (token ids
+    in and out, the project tokenizes): that warm-up can only fail, and vLLM logs the failure as a
+    warning with a full traceback at every start. That one record is dropped; any other is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != "Chat template warmup failed" or not record.exc_info:
+            return True
+        return "skip_tokenizer_init" not in str(record.exc_info[1])
+
+
+def quiet_tokenizer_warmup() -> None:
+    """Install ``_NoTokenizerWarmup`` on vLLM's renderer logger (once)."""
+    log = logging.getLogger("vllm.renderers.base")
+    if not any(isinstance(f, _NoTokenizerWarmup) for f in log.filters):
+        log.addFilter(_NoTokenizerWarmup())
+
+
 class VllmEngine:
     def __init__(
         self,
@@ -134,6 +153,7 @@ class VllmEngine:
                 raise ConfigError(f"{len(ray_bundles)} bundles for an engine of {v.tensor_parallel_size} workers")
             os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, ray_bundles))
             kwargs.update(distributed_executor_backend="ray")
+        quiet_tokenizer_warmup()
         self.llm = LLM(
             model=str(self.model_dir),
             skip_tokenizer_init=True,  # token ids in and out; the project owns tokenization
