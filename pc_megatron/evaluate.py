@@ -65,6 +65,7 @@ class EvalConfig:
 
     def validate(self) -> None:
         positive("eval.samples_per_prompt", self.samples_per_prompt)
+        positive("eval.every_steps", self.every_steps)  # 0 divided the step count mid-run
         if self.temperature == 0 and self.samples_per_prompt != 1:
             raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
         names = []

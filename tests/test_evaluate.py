@@ -92,3 +92,14 @@ def test_expected_accuracy_is_the_exact_pass_rate_over_a_disjoint_held_out_set(c
     assert weighted["eval_expected_accuracy"] == pytest.approx(want_w, abs=1e-6)
     off = load_config("tiny", ["eval.expected=false"])
     assert expected_eval_set(off.data, off.eval.expected, task) == []
+
+
+def test_an_evaluation_interval_of_zero_is_refused_before_the_run():
+    """It divided the step number after the first update (ZeroDivisionError mid-run)."""
+    import pytest
+
+    from pc_megatron.config import load_config
+    from pc_megatron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval.every_steps must be > 0 \(got 0\)"):
+        load_config("tiny", ["eval.every_steps=0"])
