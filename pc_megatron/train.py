@@ -242,8 +242,12 @@ def _run(
                 loop.step, loop.wall_s = step, wall_at_start + time.time() - t_start
                 # the scheduler as it was when this step's batch was made: batches made ahead are made again
                 state = {"scheduler": made.scheduler_state, "loop": asdict(loop), "fingerprint": fingerprint}
-                save_checkpoint(run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, policy_dir, learner)
+                saved = save_checkpoint(
+                    run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, policy_dir, learner
+                )
                 record_processes(run_dir)  # the checkpoint writer's helper starts with the first save
+                if cfg.checkpoint.save_hf:
+                    save_hf_folder(saved)
             if stopping and not last:
                 raise RunStopped(stop.signum, run_dir, step, saved=bool(scheduled or cfg.checkpoint.on_signal))
     finally:
@@ -252,6 +256,18 @@ def _run(
         metrics.close()
         trained.close()
     return summarize(cfg.steps, cfg.scheduler.policy, run_dir, wall_at_start + time.time() - t_start)
+
+
+def save_hf_folder(checkpoint: Path) -> Path:
+    """The checkpoint as a Hugging Face folder in ``checkpoint/huggingface`` (the conversion of
+    ``pc-megatron convert --to hf``: any layout, one layer in memory at a time, written to a temporary
+    folder and renamed, so a kill leaves none half-written)."""
+    from pc_megatron.checkpoint.convert import megatron_to_hf_folder
+
+    out = checkpoint / "huggingface"
+    if not out.exists():  # a resume that saves the same step again keeps the one there
+        megatron_to_hf_folder(checkpoint, out, log=lambda *_: None)
+    return out
 
 
 def make_producer(

@@ -326,3 +326,31 @@ def test_two_rl_steps_of_the_real_model_then_convert_answers_alike(real_cache, t
     # greedy answers to the held-out set: the run's last evaluation (the engine with the final weights)
     assert abs(got["eval_accuracy"] - rows[-1]["eval_accuracy"]) <= 1 / len(prepared.task.eval) + 1e-9
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_hugging_face_folders_written_with_the_checkpoints_hold_the_trained_weights(cache_dir, tmp_path):
+    """checkpoint.save_hf: each checkpoint gets a Hugging Face folder that transformers loads as it is,
+    with the weights the learner trained (its logits equal the learner's from the same checkpoint); it
+    is pruned with its checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pc_megatron.learner import Learner
+
+    overrides = [*SMALL, "steps=2", "algo.loss.entropy_coef=0.05", "checkpoint.every_steps=1", "checkpoint.keep_last=1"]
+    cfg = load_config("tiny", [*overrides, "checkpoint.save_hf=true"])
+    train(cfg, tmp_path / "run")
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_000002"]  # step 1's went with its checkpoint
+    folder = ckpts / "step_000002" / "huggingface"
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    from pc_megatron.prepare import prepare_run
+
+    learner = Learner(prepare_run(cfg, progress=False).policy_dir, cfg.learner, seed=0)  # the starting weights ...
+    tokens = torch.randint(3, hf.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = learner.forward_logits(tokens).float()
+        learner.load(ckpts / "step_000002" / "learner")  # ... then the trained ones
+        trained, exported = learner.forward_logits(tokens).float(), hf(input_ids=tokens).logits.float()
+    assert (trained - exported).abs().max() < 1e-4
+    assert (before - exported).abs().max() > 1e-3  # training moved them: the folder is not the start

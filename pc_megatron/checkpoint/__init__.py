@@ -7,6 +7,7 @@ Layout of a run directory's ``checkpoints/``::
     step_000025/state.pt     scheduler and loop state, RNG states: plain data (``plain.py``), read
                              with ``weights_only=True``
     step_000025/hf/          config and tokenizer files of the model (for `pc-megatron convert`)
+    step_000025/huggingface/ with checkpoint.save_hf: the model as a Hugging Face folder
     latest                   text file naming the newest complete checkpoint
 
 A checkpoint is written to ``step_N.tmp`` and renamed when complete; ``latest`` is replaced
@@ -39,6 +40,10 @@ class CheckpointConfig:
     """Save every this many RL steps (and at the end); 0 = only at the end."""
     keep_last: int = 2
     """Checkpoints kept on disk."""
+    save_hf: bool = False
+    """Also write a Hugging Face folder with each checkpoint (``step_N/huggingface/``: sharded
+    safetensors, config, tokenizer), loadable by transformers and vLLM as it is; it goes with its
+    checkpoint when rotation prunes it. (``pc-megatron convert --to hf`` makes one afterwards.)"""
     on_signal: bool = True
     """On SIGTERM or SIGUSR1 (a scheduler preempting the job), finish the step and save a checkpoint
     before stopping (false: stop after the step without one)."""
