@@ -55,6 +55,9 @@ class EvalConfig:
     """0 = greedy (then k should be 1)."""
     max_new_tokens: int = 0
     """0 = rollout.max_new_tokens."""
+    log_samples: int = 4
+    """At each evaluation, this many held-out prompts (the first ones, of each set) with their first
+    completion, extracted answer and reward go to ``samples.jsonl`` in the run directory (0 = none)."""
     expected: bool = True
     """Also ``eval_expected_accuracy``: the exact expected accuracy of a sample at
     rollout.temperature (no top-p), P(answer + EOS | prompt) from one teacher-forced learner
@@ -66,6 +69,8 @@ class EvalConfig:
     def validate(self) -> None:
         positive("eval.samples_per_prompt", self.samples_per_prompt)
         positive("eval.every_steps", self.every_steps)  # 0 divided the step count mid-run
+        if self.log_samples < 0:
+            raise ConfigError(f"eval.log_samples must be >= 0 (0 = none), got {self.log_samples}")
         if self.temperature == 0 and self.samples_per_prompt != 1:
             raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
         names = []
@@ -92,10 +97,12 @@ def evaluate(
     rewards: RewardPool,
     rollout_params: SamplingParams,
     seed: int,
+    samples: list[dict] | None = None,
 ) -> dict[str, float]:
     """``eval_accuracy`` and ``eval_accuracy/<family>`` over ``cfg.num_prompts`` held-out rows
     (0 = all), ``cfg.samples_per_prompt`` each, at ``cfg.temperature`` (top-p 1); length and
-    stop tokens as in training unless ``cfg.max_new_tokens`` is set."""
+    stop tokens as in training unless ``cfg.max_new_tokens`` is set. ``samples``: the first
+    ``cfg.log_samples`` prompts' first completions are appended to it (``sample_rows``)."""
     if cfg.num_prompts:
         rows = rows[: cfg.num_prompts]
     params = dataclasses.replace(
@@ -104,7 +111,8 @@ def evaluate(
         top_p=1.0,
         max_new_tokens=cfg.max_new_tokens or rollout_params.max_new_tokens,
     )
-    acc, by_family, extra = _accuracy(fleet, tokenizer, rewards, rows, cfg.samples_per_prompt, params, seed)
+    shown = (samples, "heldout", cfg.log_samples)
+    acc, by_family, extra = _accuracy(fleet, tokenizer, rewards, rows, cfg.samples_per_prompt, params, seed, shown)
     return {"eval_accuracy": acc, **{f"eval_accuracy/{f}": v for f, v in by_family.items()}, **extra}
 
 
@@ -116,9 +124,11 @@ def evaluate_sets(
     rewards: RewardPool,
     rollout_params: SamplingParams,
     seed: int,
+    samples: list[dict] | None = None,
 ) -> dict[str, float]:
     """``eval/<name>`` (avg@repeats over the set, at its own sampling) for each ``(name, rows,
-    EvalSetConfig)``, and ``eval/mean``, their unweighted mean (each benchmark counts once)."""
+    EvalSetConfig)``, and ``eval/mean``, their unweighted mean (each benchmark counts once).
+    ``samples``: as in ``evaluate``, for each set."""
     out: dict[str, float] = {}
     failures = {"eval/reward_timeouts": 0, "eval/reward_errors": 0}
     for name, rows, s in sets:
@@ -128,7 +138,8 @@ def evaluate_sets(
             top_p=s.top_p,
             max_new_tokens=s.max_new_tokens or cfg.max_new_tokens or rollout_params.max_new_tokens,
         )
-        out[f"eval/{name}"], _, extra = _accuracy(fleet, tokenizer, rewards, rows, s.repeats, params, seed)
+        shown = (samples, name, cfg.log_samples)
+        out[f"eval/{name}"], _, extra = _accuracy(fleet, tokenizer, rewards, rows, s.repeats, params, seed, shown)
         for key in failures:
             failures[key] += extra[key]
     out["eval/mean"] = sum(out.values()) / len(out)
@@ -136,14 +147,17 @@ def evaluate_sets(
     return out
 
 
-def _accuracy(fleet, tokenizer, rewards, rows, k: int, params, seed: int):
+def _accuracy(fleet, tokenizer, rewards, rows, k: int, params, seed: int, shown=(None, "", 0)):
     """Mean correctness over ``k`` samples of each row, overall and per ``meta["family"]``; and what
     else the call shows: the reward pool's ``eval/reward_timeouts`` and ``eval/reward_errors``, and with
     ``math_verify`` the share of answers that were boxed at all (``eval_boxed_frac``: a wrong format
-    and a wrong answer both score as wrong)."""
+    and a wrong answer both score as wrong). ``shown``: ``(list, set name, count)`` for ``sample_rows``."""
     completions, scored = generate_and_score(
         fleet, tokenizer, rewards, rows, encode_prompts(tokenizer, rows), k, params, seed
     )
+    out, name, count = shown
+    if out is not None and count:
+        out.extend(sample_rows(tokenizer, rewards.cfg.name, rows, completions, scored.results, name, count))
     by_family: dict[str, list[float]] = defaultdict(list)
     for c, res in zip(completions, scored.results, strict=True):
         by_family[str(rows[c.prompt_index].meta.get("family", "all"))].append(float(res.correct))
@@ -155,6 +169,46 @@ def _accuracy(fleet, tokenizer, rewards, rows, k: int, params, seed: int):
         texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
         extra["eval_boxed_frac"] = sum(last_boxed(t) is not None for t in texts) / len(texts)
     return acc, {f: sum(v) / len(v) for f, v in sorted(by_family.items())}, extra
+
+
+def extracted_answer(reward: str, text: str) -> str | None:
+    """The answer a built-in reward reads in ``text``: the last ``\\boxed{}`` (``math_verify``), the
+    integer (``integer_match``); None for a reward function of the user's own."""
+    if reward == "math_verify":
+        from pc_megatron.rewards.math import last_boxed
+
+        return last_boxed(text)
+    if reward == "integer_match":
+        from pc_megatron.rewards import IntegerMatchReward
+
+        return IntegerMatchReward.extract(text)
+    return None
+
+
+def sample_rows(tokenizer, reward: str, rows, completions, results, name: str, count: int) -> list[dict]:
+    """The first completion of each of the first ``count`` prompts: what a user reads beside the curves."""
+    first: dict[int, int] = {}
+    for i, c in enumerate(completions):
+        if c.prompt_index < count:
+            first.setdefault(c.prompt_index, i)
+    out = []
+    for p, i in sorted(first.items()):
+        c, res, row = completions[i], results[i], rows[p]
+        text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        out.append(
+            {
+                "set": name,
+                "id": row.id,
+                "prompt": row.prompt,
+                "completion": text,
+                "extracted": extracted_answer(reward, text),
+                "answer": row.answer,
+                "reward": res.score,
+                "correct": bool(res.correct),
+                "finish_reason": c.finish_reason,
+            }
+        )
+    return out
 
 
 def expected_accuracy(

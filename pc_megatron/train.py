@@ -192,6 +192,7 @@ def _run(
     wall_at_start = loop.wall_s
     metrics = MetricsLog(run_dir, resume_step=loop.step if found else -1)  # later rows are redone
     trained = StepLog(run_dir / "trained.jsonl", resume_step=loop.step if found else -1)
+    samples_log = StepLog(run_dir / "samples.jsonl", resume_step=loop.step if found else -1)
     gate = EngineGate(cfg.rollout.timeout_s)
     learner.offload()  # the training peak's memory goes back first: the sync wakes the engine's weights
     runtime.sync_weights()
@@ -204,10 +205,11 @@ def _run(
 
     def run_eval(step: int) -> dict[str, float]:
         seed = stream_seed(cfg.seed, step, 0)
+        shown: list[dict] = []  # a few prompts' completions, read beside the curves (eval.log_samples)
         with gate.hold(f"the held-out evaluation at step {step}", generating=True):
-            out = evaluate(fleet, tokenizer, task.eval, cfg.eval, rewards, params, seed) if task.eval else {}
+            out = evaluate(fleet, tokenizer, task.eval, cfg.eval, rewards, params, seed, shown) if task.eval else {}
             if task.sets:
-                sets = evaluate_sets(fleet, tokenizer, task.sets, cfg.eval, rewards, params, seed)
+                sets = evaluate_sets(fleet, tokenizer, task.sets, cfg.eval, rewards, params, seed, shown)
                 for key in ("eval/reward_timeouts", "eval/reward_errors"):  # counted over every evaluation call
                     sets[key] += out.get(key, 0)
                 out |= sets
@@ -215,6 +217,8 @@ def _run(
         if expected_rows:
             mix = dict(cfg.data.synthetic.mix)
             out |= expected_accuracy(learner, tokenizer, expected_rows, params.temperature, mix)
+        for sample in shown:
+            samples_log.write({"step": step, **sample})
         loop.last_eval_accuracy = out["eval_accuracy"]
         return out
 
@@ -255,6 +259,7 @@ def _run(
         bar.close()
         metrics.close()
         trained.close()
+        samples_log.close()
     return summarize(cfg.steps, cfg.scheduler.policy, run_dir, wall_at_start + time.time() - t_start)
 
 

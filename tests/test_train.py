@@ -67,6 +67,17 @@ def test_two_grpo_steps_write_the_run_directory(two_step_run):
     assert rows[1]["reward/timeouts"] == rows[1]["reward/errors"] == 0 and rows[1]["generate_calls"] == 1
 
 
+def test_each_evaluation_writes_a_few_prompts_with_their_completion_answer_and_reward(two_step_run):
+    """eval.log_samples (4): the first held-out prompts, what the policy wrote, the answer the reward read
+    in it, the reference and the reward, at every evaluation (steps 0 and 2 here)."""
+    run_dir, _ = two_step_run
+    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0] * 4 + [2] * 4 and [r["set"] for r in rows] == ["heldout"] * 8
+    for r in rows:
+        assert r["correct"] == (r["extracted"] == r["answer"]) and r["reward"] == float(r["correct"])
+        assert r["prompt"] and isinstance(r["completion"], str) and r["finish_reason"] in ("stop", "length")
+
+
 def test_phase_times_add_up_to_the_step_time(two_step_run):
     """Phases are exclusive (the scheduler's own time leaves out the fleet and reward calls it
     makes), so the breakdown accounts for the step."""

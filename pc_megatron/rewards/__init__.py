@@ -28,9 +28,15 @@ class IntegerMatchReward:
 
     incorrect_score = 0.0
 
-    def __call__(self, completion: str, answer: str) -> RewardResult:
+    @staticmethod
+    def extract(completion: str) -> str | None:
+        """The integer the completion is, or None."""
         m = _INT.match(completion)
-        ok = m is not None and int(m.group(1)) == int(answer)
+        return m.group(1) if m else None
+
+    def __call__(self, completion: str, answer: str) -> RewardResult:
+        got = self.extract(completion)
+        ok = got is not None and int(got) == int(answer)
         return RewardResult(score=1.0 if ok else 0.0, correct=ok)
 
 
