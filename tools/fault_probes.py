@@ -70,6 +70,9 @@ def probes(work: Path, run: Path) -> list[Probe]:
     def train(name, extra, expect, area="config", **kw):
         return Probe(area, name, t + extra, expect, runs_dir=runs, **kw)
 
+    def unsafe(name, copy, expect, **kw):  # a resume of one of unsafe_copies' folders
+        return Probe("safety", name, ["train", "--resume", str(work / copy), "steps=3"], expect, **kw)
+
     return [
         train("unknown key", ["learner.lrr=1"], r"unknown config key 'learner\.lrr'; did you mean learner\.lr"),
         train("wrong type", ["steps=abc"], r"steps.*abc"),
@@ -158,38 +161,16 @@ def probes(work: Path, run: Path) -> list[Probe]:
             r"model\.tiny\.hidden_size",
         ),
         train("keep_last=0", ["checkpoint.keep_last=0"], r"keep_last=0: keep at least 1", area="safety"),
-        Probe(
-            "safety",
-            "config.yaml emptied",
-            ["train", "--resume", str(work / "emptied")],
-            r"emptied/config\.yaml is empty.*restore it",
-        ),
-        Probe(
-            "safety",
-            "config.yaml edited by hand",
-            ["train", "--resume", str(work / "edited"), "steps=3"],
-            r"other inputs than the steps already taken.*seed: 0 -> 5",
-        ),
-        Probe(
-            "safety",
+        unsafe("config.yaml emptied", "emptied", r"emptied/config\.yaml is empty.*restore it"),
+        unsafe("config.yaml edited by hand", "edited", r"other inputs than the steps already taken.*seed: 0 -> 5"),
+        unsafe(
             "state.pt that runs code when unpickled",
-            ["train", "--resume", str(work / "crafted"), "steps=3"],
+            "crafted",
             r"state\.pt: holds Python objects that loading would run as code",
             absent=work / "crafted-ran",
         ),
-        Probe(
-            "safety",
-            "latest names a path",
-            ["train", "--resume", str(work / "latest_path"), "steps=3"],
-            r"names '\.\./\.\./outside', not a checkpoint of this folder",
-        ),
-        Probe(
-            "safety",
-            "a second run in a folder in use",
-            ["train", "--resume", str(work / "held"), "steps=3"],
-            r"held is in use by pid \d+",
-            holder=work / "held",
-        ),
+        unsafe("latest names a path", "latest_path", r"names '\.\./\.\./outside', not a checkpoint of this folder"),
+        unsafe("a second run in a folder in use", "held", r"held is in use by pid \d+", holder=work / "held"),
         Probe(
             "safety",
             "joining a cluster without its token",
