@@ -327,12 +327,13 @@ def test_a_sleeping_engine_wakes_its_kv_cache_only_when_it_generates_again():
         def reset_prefix_cache(self):
             calls.append(("reset_prefix_cache",))
 
-        def collective_rpc(self, method, args=()):
+        def collective_rpc(self, method, timeout=None, args=()):
+            assert timeout == CFG.timeout_s  # every worker RPC carries the engine's deadline
             calls.append((method,))
             return [args[0] if method == "pcm_end_sync" else None]
 
     engine = object.__new__(VllmEngine)
-    engine.llm, engine.sleep_level, engine.weight_version = RecordingLLM(), 2, 0
+    engine.llm, engine.sleep_level, engine.weight_version, engine.cfg = RecordingLLM(), 2, 0, CFG
     engine._asleep, engine._stale_prefix = False, False
     engine.sleep()
     engine.begin_sync()
