@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pc_megatron.checkpoint.plain import from_plain, to_plain
+from pc_megatron.checkpoint.plain import from_plain, legacy_globals, to_plain
 from pc_megatron.errors import ConfigError, ModelFileError
 from pc_megatron.files import atomic_write_text
 
@@ -147,13 +147,13 @@ def load_latest(ckpt_root: Path) -> tuple[dict, Path] | None:
             f"{path}: checkpoint named by {ckpt_root / 'latest'} is missing; the run directory was modified"
         )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(legacy_globals()):  # an earlier version's checkpoint, as data
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only refused a global: code, or the earlier pickled format
         what = str(e).split("Unsupported global: ")[-1].split(" was not")[0].strip().splitlines()[0][:120]
         raise ModelFileError(
             f"{path}: holds Python objects that loading would run as code ({what}), and a checkpoint is read as "
-            "data only. A checkpoint written by pc-megatron before its state was plain data: resume it with the "
-            "version that wrote it. Otherwise the file was not written by pc-megatron: do not load it"
+            "data only; pc-megatron does not write such files: do not load it"
         ) from None
     except Exception as e:  # a truncated or overwritten file: torch's reader names only itself
         detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__

@@ -66,3 +66,21 @@ def from_plain(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(from_plain(v) for v in obj)
     return obj
+
+
+def legacy_globals() -> list:
+    """What a checkpoint written before its state was plain data may name, and nothing else: the two
+    dataclasses (``Completion`` also under its earlier module) and NumPy's array pieces of its RNG
+    state. ``weights_only`` loading builds these and runs no other code."""
+    from numpy._core.multiarray import _reconstruct
+
+    uint32 = type(np.dtype(np.uint32))
+    return [
+        Sample,
+        Completion,
+        (Completion, "pc_megatron.rollout.base.Completion"),
+        np.ndarray,
+        np.dtype,
+        uint32,
+        _reconstruct,
+    ]

@@ -98,3 +98,26 @@ def test_state_that_is_not_plain_data_is_refused_when_written_naming_where_it_si
 
     with pytest.raises(TypeError, match=r"state\['scheduler'\]\['odd'\]: a .*_WritesAFile in the checkpoint state"):
         save_checkpoint(tmp_path, 1, {"scheduler": {"odd": _WritesAFile(tmp_path / "x")}}, keep_last=1)
+
+
+def test_a_checkpoint_of_the_earlier_pickled_format_still_resumes_as_data(tmp_path):
+    """Before the state was plain data, state.pt pickled the buffer's Sample and Completion objects
+    (Completion then in rollout/base.py) and NumPy's RNG arrays: loaded with weights_only and only those
+    classes allowed, it reads as it did."""
+    import numpy as np
+
+    from pc_megatron.batch import Completion
+    from pc_megatron.checkpoint import load_latest
+    from pc_megatron.scheduler.types import Sample
+
+    Completion.__module__ = "pc_megatron.rollout.base"  # pickled under the name the earlier version gave it
+    try:
+        buffer = [(3, [Sample(True, 1.0, 2, Completion(3, [4, 5], [-0.5, -0.25], "stop", 2), 2)], 4, 1)]
+        state = {"scheduler": {"buffer": buffer}, "loop": {"step": 4}, "rng": {"numpy": np.random.get_state()}}
+        (tmp_path / "step_000004").mkdir()
+        torch.save(state, tmp_path / "step_000004" / "state.pt")
+    finally:
+        Completion.__module__ = "pc_megatron.batch"
+    (tmp_path / "latest").write_text("step_000004")
+    back, _ = load_latest(tmp_path)
+    assert back["scheduler"]["buffer"] == buffer and back["rng"]["numpy"][1].dtype == np.uint32
