@@ -189,8 +189,12 @@ def validate(cfg: RunConfig) -> None:
     for section in (cfg.algo, cfg.eval, cfg.data, cfg.model, cfg.checkpoint, cfg.ray, cfg.learner, cfg.rollout):
         section.validate()
     if cfg.data.train_path and not cfg.data.eval_path and not cfg.eval.sets:
-        if not Path(cfg.data.train_path).is_file():  # the first thing to fix (recipes may name files elsewhere)
-            raise ConfigError(f"data.train_path={cfg.data.train_path}: no such file (JSONL or Parquet prompt rows)")
+        train = Path(cfg.data.train_path)  # the first thing to fix (recipes may name files elsewhere)
+        if not cfg.data.train_path.startswith("hf://") and not (train.is_file() or train.is_dir()):
+            raise ConfigError(
+                f"data.train_path={cfg.data.train_path}: no such file (JSONL or Parquet prompt rows, a save_to_disk "
+                "folder, or hf://datasets/ORG/NAME/FILE)"
+            )
         raise ConfigError(
             "data.train_path needs held-out data: set data.eval_path or eval.sets (held-out accuracy needs one)"
         )

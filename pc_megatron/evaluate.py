@@ -20,7 +20,7 @@ class EvalSetConfig:
     """One benchmark of ``eval.sets``."""
 
     path: str = ""
-    """JSONL/Parquet, flat or verl's schema."""
+    """JSONL/Parquet (flat or verl's schema), a save_to_disk folder or hf://datasets/ORG/NAME/FILE."""
     name: str = ""
     """Metric name (``eval/<name>``); empty = the file name without extension."""
     repeats: int = 1

@@ -41,7 +41,7 @@ def base_model_dir(model: ModelConfig, cache: Path, progress: bool = True) -> Pa
     """model.path, model.fixture (converted on first use into ``cache``), or the embedded tiny model
     (created and cached on first use)."""
     if model.path:
-        from pc_megatron.model.hub import resolve_model_path
+        from pc_megatron.hub import resolve_model_path
 
         folder = resolve_model_path(model.path)  # a folder, or a Hub id through the HF cache
         load_arch(folder)  # fails early, naming the file, if this is not a usable HF folder

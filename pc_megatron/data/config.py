@@ -16,9 +16,11 @@ class DataConfig:
 
     train_path: str = ""
     """JSONL/Parquet with id, prompt, answer, or verl's schema (chat messages in ``prompt``,
-    ``reward_model.ground_truth``); empty = the embedded synthetic task."""
+    ``reward_model.ground_truth``), a folder written by ``datasets``' ``save_to_disk``, or
+    ``hf://datasets/ORG/NAME/FILE`` (through the Hugging Face cache); empty = the embedded synthetic task."""
     eval_path: str = ""
-    """Held-out JSONL/Parquet (as ``eval_accuracy``); with train_path, this or ``eval.sets``."""
+    """Held-out rows, in any form train_path takes (as ``eval_accuracy``); with train_path, this or
+    ``eval.sets``."""
     chat_template: Literal["auto", "always", "never"] = "auto"
     """Apply the tokenizer's chat template: 'auto' = to rows given as chat messages, 'always' =
     also to plain prompts (as one user message), 'never'."""

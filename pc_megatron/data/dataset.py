@@ -94,6 +94,25 @@ def _read_parquet(path: Path) -> list[PromptRow]:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    return _rows_of_table(table, path)
+
+
+def _read_saved_dataset(folder: Path) -> list[PromptRow]:
+    """A folder written by ``datasets``' ``save_to_disk``: its Arrow files (IPC streams) in the order
+    ``state.json`` lists them. Read with pyarrow alone (no ``datasets`` needed)."""
+    import pyarrow as pa
+
+    try:
+        files = [f["filename"] for f in json.loads((folder / "state.json").read_text())["_data_files"]]
+        tables = [pa.ipc.open_stream(pa.memory_map(str(folder / f))).read_all() for f in files]
+    except Exception as e:
+        raise DataError(f"{folder}: not a readable save_to_disk folder ({type(e).__name__}: {e})") from None
+    if not tables:
+        raise DataError(f"{folder}: the file has no rows")
+    return _rows_of_table(pa.concat_tables(tables), folder)
+
+
+def _rows_of_table(table, path: Path) -> list[PromptRow]:
     chat = "prompt" in table.column_names and "reward_model" in table.column_names
     missing = [] if chat else [k for k in REQUIRED if k not in table.column_names]
     if missing:
@@ -105,17 +124,26 @@ def _read_parquet(path: Path) -> list[PromptRow]:
 
 
 def load_rows(path: str | Path) -> list[PromptRow]:
-    """Read and validate all rows; duplicate ids are an error (ids key the scheduler state)."""
+    """Read and validate all rows; duplicate ids are an error (ids key the scheduler state). ``path``: a
+    JSONL or Parquet file, a ``save_to_disk`` folder, or ``hf://datasets/ORG/NAME/FILE`` (resolved
+    through the Hugging Face cache)."""
+    if str(path).startswith("hf://"):
+        from pc_megatron.hub import resolve_hf_file
+
+        path = resolve_hf_file(str(path))
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir() and (path / "state.json").is_file():
+        rows = _read_saved_dataset(path)
+    elif not path.is_file():
         raise DataError(f"{path}: dataset file not found; set data.train_path / data.eval_path to an existing file")
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
+    elif path.suffix.lower() in (".jsonl", ".json"):
         rows = _read_jsonl(path)
-    elif suffix == ".parquet":
+    elif path.suffix.lower() == ".parquet":
         rows = _read_parquet(path)
     else:
-        raise DataError(f"{path}: unsupported extension '{suffix}'; use .jsonl or .parquet")
+        raise DataError(
+            f"{path}: unsupported extension '{path.suffix.lower()}'; use .jsonl, .parquet or a save_to_disk folder"
+        )
     if not rows:
         raise DataError(f"{path}: the file has no rows")
     seen: set[str] = set()

@@ -76,3 +76,30 @@ def test_a_malformed_chat_row_names_file_row_and_reason(tmp_path):
     pq.write_table(pa.Table.from_pylist(bad), tmp_path / "bad.parquet")
     with pytest.raises(DataError, match=r"bad.parquet:row 2: a chat-format row needs reward_model.ground_truth"):
         load_rows(tmp_path / "bad.parquet")
+
+
+def test_a_save_to_disk_folder_reads_like_the_file_it_came_from(tmp_path):
+    """What ``datasets``' ``save_to_disk`` writes (Arrow IPC stream files listed in state.json, beside
+    dataset_info.json), read with pyarrow alone; a damaged one is one error naming the folder."""
+    import json
+
+    import pyarrow as pa
+
+    from pc_megatron.data.dataset import load_rows
+    from pc_megatron.errors import DataError
+
+    rows = [{"id": str(i), "prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(7)]
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    names = ["data-00000-of-00002.arrow", "data-00001-of-00002.arrow"]
+    for name, part in zip(names, (rows[:4], rows[4:]), strict=True):
+        table = pa.Table.from_pylist(part)
+        with pa.OSFile(str(folder / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": n} for n in names], "_split": None}))
+    (folder / "dataset_info.json").write_text("{}")
+    got = [(r.id, r.prompt, r.answer) for r in load_rows(folder)]
+    assert got == [(r["id"], r["prompt"], r["answer"]) for r in rows]
+    (folder / names[1]).write_bytes(b"not arrow")
+    with pytest.raises(DataError, match=r"saved: not a readable save_to_disk folder"):
+        load_rows(folder)
