@@ -51,8 +51,8 @@ class DeadlineEngine:
         threading.Thread(target=self._serve, name="pcm-engine-calls", daemon=True).start()
 
     def _serve(self) -> None:
-        while True:
-            name, args, kwargs, done = self._jobs.get()
+        while (job := self._jobs.get()) is not None:
+            name, args, kwargs, done = job
             if not done.set_running_or_notify_cancel():
                 continue
             self._in = (name, time.monotonic())
@@ -86,6 +86,12 @@ class DeadlineEngine:
                 raise self._hung(name) from None
 
         return call
+
+    def close(self) -> None:
+        """The engine closed from the caller's thread (a hung call must not keep it open); the call
+        thread ends once it is free."""
+        self._jobs.put(None)
+        self._engine.close()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # not built yet (copy, pickle): no engine to ask
