@@ -187,28 +187,6 @@ def test_a_hung_engine_fails_the_run_within_its_deadline_naming_the_wait(cache_d
     assert (tmp_path / "hung" / "checkpoints" / "latest").exists()
 
 
-def test_a_hung_engine_in_the_synchronous_loop_fails_the_run_within_its_deadline(cache_dir, tmp_path, monkeypatch):
-    """η = 0 under runtime=local: the generate call runs on the engine's own thread and the loop waits
-    for it at most rollout.timeout_s; the error names the call, and the last checkpoint stays."""
-    from pc_megatron.rollout.hf_engine import HFEngine
-
-    generate, calls = HFEngine.generate, {"n": 0}
-
-    def hanging(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:  # step 0's evaluation, step 1, then step 2's batch hangs
-            time.sleep(600)
-        return generate(self, *args, **kwargs)
-
-    monkeypatch.setattr(HFEngine, "generate", hanging)
-    cfg = load_config("tiny", [*POOL, "steps=4", "rollout.timeout_s=8", "eval.every_steps=10"])
-    t0 = time.monotonic()
-    with pytest.raises(TrainingError, match=r"the engine's generate call did not answer within rollout.timeout_s=8 s"):
-        train(cfg, tmp_path / "hung")
-    assert time.monotonic() - t0 < 90
-    assert (tmp_path / "hung" / "checkpoints" / "latest").read_text() == "step_000001"
-
-
 @pytest.mark.gpu
 def test_the_asynchronous_loop_on_a_gpu(cache_dir, tmp_path):
     """η = 1 with the learner and the hf engine on one CUDA device (runtime=local): batches made ahead

@@ -93,13 +93,6 @@ def test_the_replay_buffer_and_rng_states_come_back_from_plain_data(tmp_path):
     assert np.random.rand() == expected_draw
 
 
-def test_state_that_is_not_plain_data_is_refused_when_written_naming_where_it_sits(tmp_path):
-    from pc_megatron.checkpoint import save_checkpoint
-
-    with pytest.raises(TypeError, match=r"state\['scheduler'\]\['odd'\]: a .*_WritesAFile in the checkpoint state"):
-        save_checkpoint(tmp_path, 1, {"scheduler": {"odd": _WritesAFile(tmp_path / "x")}}, keep_last=1)
-
-
 def test_a_checkpoint_of_the_earlier_pickled_format_still_resumes_as_data(tmp_path):
     """Before the state was plain data, state.pt pickled the buffer's Sample and Completion objects
     (Completion then in rollout/base.py) and NumPy's RNG arrays: loaded with weights_only and only those

@@ -1,0 +1,69 @@
+"""The local runtime (``pc_megatron/runtime/local.py``): the engine's calls on a thread of their own, each
+waited for at most rollout.timeout_s, so a hung engine fails the run naming the call."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pc_megatron.config import load_config
+from pc_megatron.errors import TrainingError
+from pc_megatron.train import train
+from tests.settings import SMALL
+
+
+def test_a_hung_engine_in_the_synchronous_loop_fails_the_run_within_its_deadline(cache_dir, tmp_path, monkeypatch):
+    """η = 0 under runtime=local: the generate call runs on the engine's own thread and the loop waits
+    for it at most rollout.timeout_s; the error names the call, and the last checkpoint stays."""
+    from pc_megatron.rollout.hf_engine import HFEngine
+
+    generate, calls = HFEngine.generate, {"n": 0}
+
+    def hanging(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # step 0's evaluation, step 1, then step 2's batch hangs
+            time.sleep(600)
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(HFEngine, "generate", hanging)
+    cfg = load_config(
+        "tiny", [*SMALL, "checkpoint.every_steps=1", "steps=4", "rollout.timeout_s=8", "eval.every_steps=10"]
+    )
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError, match=r"the engine's generate call did not answer within rollout.timeout_s=8 s"):
+        train(cfg, tmp_path / "hung")
+    assert time.monotonic() - t0 < 90
+    assert (tmp_path / "hung" / "checkpoints" / "latest").read_text() == "step_000001"
+
+
+def test_a_call_queued_behind_a_hung_one_names_it_and_a_known_hung_engine_is_not_queued_on():
+    import threading
+
+    from pc_megatron.runtime.local import DeadlineEngine
+
+    release = threading.Event()
+
+    class Stuck:
+        weight_version = 7
+
+        def generate(self, *args):
+            release.wait(60)
+            return ["done"]
+
+        def update_weights(self, named, version):
+            return {"weight_sync_s": 0.0}
+
+        def close(self):
+            release.set()
+
+    engine = DeadlineEngine(Stuck(), timeout_s=0.5)
+    with pytest.raises(TrainingError, match=r"generate call did not answer within rollout.timeout_s=0.5 s"):
+        engine.generate([[1]], 1, None, 0)
+    time.sleep(0.2)  # the generate call is now well past its deadline
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError, match=r"update_weights call .* still in a generate call started \d+ s ago"):
+        engine.update_weights([], 1)
+    assert time.monotonic() - t0 < 0.4  # known hung: refused at once, not after another deadline
+    assert engine.weight_version == 7  # state is the engine's own
+    engine.close()
