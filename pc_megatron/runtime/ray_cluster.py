@@ -84,15 +84,18 @@ def _temp_dir(rcfg: RayConfig, run_dir: Path) -> str:
     with contextlib.suppress(FileExistsError):
         short.mkdir(mode=0o700)
     _check_own_folder(short)
+    inner = short / "r"  # Ray makes its own folder writable by all (0777): it lives inside ours, which is not
+    inner.mkdir(exist_ok=True)
     if not want.exists():
         want.parent.mkdir(parents=True, exist_ok=True)
-        want.symlink_to(short, target_is_directory=True)
-    return str(short)
+        want.symlink_to(inner, target_is_directory=True)
+    return str(inner)
 
 
 def _check_own_folder(folder: Path) -> None:
-    """A folder under the shared /tmp that Ray will run from: ours, and nobody else may write into it
-    (another user could otherwise have made it first and placed sockets or files there)."""
+    """A folder under the shared /tmp that Ray's session folder goes into: ours, and nobody else may
+    write into it (another user could otherwise have made it first and placed sockets or files there).
+    Ray itself sets its session folder to 0777, hence the folder of ours around it."""
     st = folder.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
         raise ConfigError(

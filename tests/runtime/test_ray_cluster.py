@@ -3,6 +3,8 @@ nodes; engines on GPUs of their own never sleep."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pc_megatron.config import load_config
@@ -74,3 +76,20 @@ def test_rays_session_folder_under_tmp_must_be_this_users_alone(tmp_path):
     link.symlink_to(tmp_path)
     with pytest.raises(ConfigError, match="not a folder of this user's"):
         _check_own_folder(link)
+
+
+def test_a_resumed_run_reuses_its_short_ray_folder_that_ray_opened_to_all(tmp_path):
+    """Ray sets its session folder to 0777; it lives inside a 0700 folder of ours, so the resume of a
+    run with a long path finds its own folder again (it was refused once: the check saw Ray's 0777)."""
+    from pc_megatron.runtime.ray_cluster import RayConfig, _temp_dir
+
+    run_dir = tmp_path / ("a-long-run-folder-name-" * 3) / "run"
+    first = Path(_temp_dir(RayConfig(), run_dir))
+    try:
+        first.chmod(0o777)  # what ray.init does to it
+        assert Path(_temp_dir(RayConfig(), run_dir)) == first and (run_dir / "ray").resolve() == first
+        assert first.parent.stat().st_mode & 0o777 == 0o700
+    finally:
+        import shutil
+
+        shutil.rmtree(first.parent, ignore_errors=True)
