@@ -32,3 +32,21 @@ RATE_SUFFIX = "_per_s"  # throughputs (learner/train_tokens_per_s): wall-clock f
 def comparable(row: dict) -> dict:
     """A metrics row without its wall-clock figures: what a resumed or relaid run must reproduce."""
     return {k: v for k, v in row.items() if not k.startswith(TIME_KEYS) and not k.endswith(RATE_SUFFIX)}
+
+
+def hang_generate_at(monkeypatch, call: int) -> None:
+    """The hf engine's ``call``-th generate call (counting from 1) never returns (it sleeps 600 s): a hung
+    engine, for the tests of the deadlines that must catch one."""
+    import time
+
+    from pc_megatron.rollout.hf_engine import HFEngine
+
+    generate, calls = HFEngine.generate, {"n": 0}
+
+    def hanging(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            time.sleep(600)
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(HFEngine, "generate", hanging)

@@ -23,7 +23,7 @@ from pc_megatron.observability import read_metrics
 from pc_megatron.rollout import producer as producer_module
 from pc_megatron.rollout.generate import Rollouts
 from pc_megatron.train import train
-from tests.settings import SMALL, comparable
+from tests.settings import SMALL, comparable, hang_generate_at
 
 # a pool of 32 prompts trained 8 a step: an epoch every 4 steps, each batch within one epoch
 POOL = [*SMALL, "data.synthetic.pool_size=32", "checkpoint.every_steps=1", "eval.every_steps=3"]
@@ -164,17 +164,7 @@ def test_sigkill_with_batches_in_flight_then_resume(cache_dir, tmp_path):
 def test_a_hung_engine_fails_the_run_within_its_deadline_naming_the_wait(cache_dir, tmp_path, monkeypatch):
     """The engines stop answering at the third generate call: the loop waiting for that batch fails
     within rollout.timeout_s with one error that names the wait, and the last checkpoint stays."""
-    from pc_megatron.rollout.hf_engine import HFEngine
-
-    generate, calls = HFEngine.generate, {"n": 0}
-
-    def hanging(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:  # step 0's evaluation, steps 1 and 2, then step 3's batch hangs
-            time.sleep(600)
-        return generate(self, *args, **kwargs)
-
-    monkeypatch.setattr(HFEngine, "generate", hanging)
+    hang_generate_at(monkeypatch, 4)  # step 0's evaluation, steps 1 and 2, then step 3's batch hangs
     cfg = load_config(
         "tiny", [*POOL, "steps=5", "rollout.max_staleness=1", "rollout.timeout_s=8", "eval.every_steps=10"]
     )

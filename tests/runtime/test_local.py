@@ -10,23 +10,13 @@ import pytest
 from pc_megatron.config import load_config
 from pc_megatron.errors import TrainingError
 from pc_megatron.train import train
-from tests.settings import SMALL
+from tests.settings import SMALL, hang_generate_at
 
 
 def test_a_hung_engine_in_the_synchronous_loop_fails_the_run_within_its_deadline(cache_dir, tmp_path, monkeypatch):
     """η = 0 under runtime=local: the generate call runs on the engine's own thread and the loop waits
     for it at most rollout.timeout_s; the error names the call, and the last checkpoint stays."""
-    from pc_megatron.rollout.hf_engine import HFEngine
-
-    generate, calls = HFEngine.generate, {"n": 0}
-
-    def hanging(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:  # step 0's evaluation, step 1, then step 2's batch hangs
-            time.sleep(600)
-        return generate(self, *args, **kwargs)
-
-    monkeypatch.setattr(HFEngine, "generate", hanging)
+    hang_generate_at(monkeypatch, 3)  # step 0's evaluation, step 1, then step 2's batch hangs
     cfg = load_config(
         "tiny", [*SMALL, "checkpoint.every_steps=1", "steps=4", "rollout.timeout_s=8", "eval.every_steps=10"]
     )
