@@ -7,12 +7,11 @@ the model folder, a ``config.yaml`` edited by hand.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from pc_megatron.config import RESUME_SAFE, RunConfig, leaf_values
-from pc_megatron.data.task import Task
+from pc_megatron.data.task import Task, config_hash
 from pc_megatron.errors import ConfigError
 
 WHAT = {
@@ -23,10 +22,6 @@ WHAT = {
 }
 
 
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def _rows(rows) -> list[tuple[str, str, str]]:
     return [(r.id, r.prompt, r.answer) for r in rows]
 
@@ -34,7 +29,7 @@ def _rows(rows) -> list[tuple[str, str, str]]:
 def tokenizer_digest(tokenizer: Any) -> str:
     vocab = sorted(tokenizer.get_vocab().items())
     special = {k: str(v) for k, v in getattr(tokenizer, "special_tokens_map", {}).items()}
-    return _digest([type(tokenizer).__name__, vocab, special, getattr(tokenizer, "chat_template", None)])
+    return config_hash([type(tokenizer).__name__, vocab, special, getattr(tokenizer, "chat_template", None)])
 
 
 def run_fingerprint(cfg: RunConfig, task: Task, tokenizer: Any) -> dict[str, Any]:
@@ -44,8 +39,8 @@ def run_fingerprint(cfg: RunConfig, task: Task, tokenizer: Any) -> dict[str, Any
     held_out = [_rows(task.eval), *[(name, _rows(rows)) for name, rows, _ in task.sets]]
     return {
         "config": json.loads(json.dumps(fixed, default=str)),
-        "train_data": f"{len(task.train)} rows, {_digest(_rows(task.train))}",
-        "eval_data": _digest(held_out),
+        "train_data": f"{len(task.train)} rows, {config_hash(_rows(task.train))}",
+        "eval_data": config_hash(held_out),
         "tokenizer": tokenizer_digest(tokenizer),
     }
 

@@ -149,7 +149,7 @@ def load_latest(ckpt_root: Path) -> tuple[dict, Path] | None:
     try:
         with torch.serialization.safe_globals(legacy_globals()):  # an earlier version's checkpoint, as data
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:  # weights_only refused a global: code, or the earlier pickled format
+    except pickle.UnpicklingError as e:  # weights_only refused a global: a file that would run code
         what = str(e).split("Unsupported global: ")[-1].split(" was not")[0].strip().splitlines()[0][:120]
         raise ModelFileError(
             f"{path}: holds Python objects that loading would run as code ({what}), and a checkpoint is read as "

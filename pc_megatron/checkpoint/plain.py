@@ -76,8 +76,7 @@ def legacy_globals() -> list:
 
     uint32 = type(np.dtype(np.uint32))
     return [
-        Sample,
-        Completion,
+        *TYPES.values(),
         (Completion, "pc_megatron.rollout.base.Completion"),
         np.ndarray,
         np.dtype,

@@ -300,12 +300,11 @@ class VllmEngine:
         seed: int,
         first_prompt: int = 0,
     ) -> list[Completion]:
+        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
         if self.inflight == "keep" and not first_prompt:  # a window an update can enter (same completions)
-            counts = [n] * len(prompts) if isinstance(n, int) else list(n)
             return self.generate_stream(prompts, counts, params, seed, lambda i, c: [])
         self._wake()
         version = self.served_version()
-        counts = [n] * len(prompts) if isinstance(n, int) else n
         owners = [(i, j) for i, k in enumerate(counts) for j in range(k)]
         requests = [{"prompt_token_ids": prompts[i]} for i, _ in owners]
         sampling = [self._params(params, sample_seed(seed, first_prompt + i, j), logprobs=0) for i, j in owners]

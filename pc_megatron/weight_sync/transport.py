@@ -100,6 +100,7 @@ class SharedMemorySender(_Sender):
             return
         self.close()
         size = max(nbytes, self.bucket_bytes)
+        sweep_dead_buffers()  # first: what killed runs left counts against the free space
         free = shutil.disk_usage(SHM_DIR).free
         if free < size:  # a sparse file would map, then kill the process with SIGBUS on the first write
             raise WeightSyncError(
@@ -107,7 +108,6 @@ class SharedMemorySender(_Sender):
                 "rollout.weight_sync.bucket_mb, or give the container more shared memory (docker run --shm-size=8g; "
                 "Docker's default is 64 MiB)"
             )
-        sweep_dead_buffers()
         self.path = SHM_DIR / f"pcm-sync-{_pid_namespace()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.buffer = torch.from_file(str(self.path), shared=True, size=size, dtype=torch.uint8)
 
