@@ -26,6 +26,7 @@ from pc_megatron.rewards import RewardConfig
 from pc_megatron.rollout.base import RolloutConfig
 from pc_megatron.runtime.ray_cluster import RayConfig
 from pc_megatron.scheduler import SchedulerConfig
+from pc_megatron.trackers import check_loggers
 from pc_megatron.warmstart import WarmStartConfig
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -49,6 +50,10 @@ class RunConfig:
     runtime: Literal["local", "ray"] = "local"
     """'local' (one process, no Ray: the CPU default) or 'ray' (learner ranks and engine replicas
     as Ray actors, one node or many; see `ray.*`)."""
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Where each metric row and each evaluation's samples also go (metrics.jsonl always): any of
+    tensorboard, wandb, mlflow (the last two: the `trackers` extra; their settings from their own
+    environment variables, WANDB_MODE, MLFLOW_TRACKING_URI, ...)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -186,6 +191,7 @@ def validate(cfg: RunConfig) -> None:
     positive("threads", cfg.threads)
     if cfg.runtime not in ("local", "ray"):  # the root's one choice (sections check their own)
         raise ConfigError(f"runtime: '{cfg.runtime}' is not one of local, ray")
+    check_loggers(cfg.loggers)
     for section in (cfg.algo, cfg.eval, cfg.data, cfg.model, cfg.checkpoint, cfg.ray, cfg.learner, cfg.rollout):
         section.validate()
     if cfg.data.train_path and not cfg.data.eval_path and not cfg.eval.sets:
@@ -226,6 +232,7 @@ RESUME_SAFE = (
     "steps",
     "progress",
     "threads",
+    "loggers",
     "runtime",
     "eval.every_steps",
     "checkpoint.",

@@ -1,4 +1,4 @@
-"""Run-directory outputs: metrics.jsonl, TensorBoard events, the accuracy plot, the summary
+"""Run-directory outputs: metrics.jsonl (and the trackers it feeds), the accuracy plot, the summary
 table, and the progress bar."""
 
 from __future__ import annotations
@@ -43,23 +43,15 @@ def _step_of(line: str) -> float:
 
 
 class MetricsLog(StepLog):
-    """``metrics.jsonl`` (a ``StepLog``), every scalar mirrored to TensorBoard."""
+    """``metrics.jsonl`` (a ``StepLog``), every row also to the run's trackers (``loggers``)."""
 
-    def __init__(self, run_dir: Path, resume_step: int) -> None:
+    def __init__(self, run_dir: Path, resume_step: int, trackers) -> None:
         super().__init__(run_dir / "metrics.jsonl", resume_step)
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+        self.trackers = trackers
 
     def write(self, row: dict) -> None:
         super().write(row)
-        for k, v in row.items():
-            if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                self.tb.add_scalar(k, v, row["step"])
-
-    def close(self) -> None:
-        super().close()
-        self.tb.close()
+        self.trackers.log(row)
 
 
 EVAL_COUNTERS = ("eval/reward_timeouts", "eval/reward_errors")
@@ -117,9 +109,12 @@ def format_table(rows: list[tuple[str, str]]) -> str:
 POLICY_LABELS = {"grpo": "GRPO", "dapo": "DAPO", "pilot_commit": "Pilot-Commit", "adaptive": "Adaptive"}
 
 
-def summarize(steps_planned: int, policy: str, run_dir: Path, wall_s: float) -> dict:
+def summarize(
+    steps_planned: int, policy: str, run_dir: Path, wall_s: float, tracker_failures: dict[str, int] | None = None
+) -> dict:
     """From ``metrics.jsonl``: ``summary.json``, the accuracy plot (labelled with the run's
-    allocation ``policy``) and the table printed at the end of a run of ``steps_planned`` steps."""
+    allocation ``policy``) and the table printed at the end of a run of ``steps_planned`` steps.
+    ``tracker_failures``: the calls each tracker failed in this session (``loggers``)."""
     rows = read_metrics(run_dir)
     evals = [r for r in rows if EVAL_KEY in r]
     steps = [r for r in rows if "time_step_s" in r]
@@ -137,6 +132,7 @@ def summarize(steps_planned: int, policy: str, run_dir: Path, wall_s: float) -> 
         "mean_step_s": sum(r["time_step_s"] for r in steps) / max(len(steps), 1),
         "phase_s": {p: sum(r.get(p, 0.0) for r in steps) for p in phases},
         "wall_s": wall_s,
+        "tracker_failures": dict(tracker_failures or {}),
     }
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     label = POLICY_LABELS.get(policy, policy)
@@ -159,6 +155,7 @@ def summarize(steps_planned: int, policy: str, run_dir: Path, wall_s: float) -> 
         ("mean step time", f"{summary['mean_step_s']:.3f} s"),
         *((p[5:-2], f"{v:.1f} s") for p, v in summary["phase_s"].items()),
         ("wall time", f"{wall_s:.1f} s"),
+        *((f"tracker {k}: failed calls", str(v)) for k, v in summary["tracker_failures"].items()),
     ]
     print(format_table(table))
     return summary

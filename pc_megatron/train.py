@@ -28,7 +28,7 @@ from tqdm import tqdm
 from pc_megatron.algo.config import AlgoConfig
 from pc_megatron.algo.update import rl_update
 from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
-from pc_megatron.config import RunConfig, to_yaml
+from pc_megatron.config import RunConfig, leaf_values, to_yaml
 from pc_megatron.data.task import Task, expected_eval_set
 from pc_megatron.evaluate import evaluate, evaluate_sets, expected_accuracy
 from pc_megatron.files import atomic_write_text, claim_run_dir
@@ -49,6 +49,7 @@ from pc_megatron.rollout.producer import (
 )
 from pc_megatron.runtime import Runtime, build_runtime
 from pc_megatron.scheduler import Scheduler
+from pc_megatron.trackers import Trackers, check_trackers
 
 
 def stream_seed(seed: int, step: int, stream: int) -> int:
@@ -109,6 +110,9 @@ def train(
         if any(task.dropped.values()):
             dropped = f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {task.dropped}"
             print(dropped, flush=True)
+        resume_step = found[0]["loop"]["step"] if found is not None else -1
+        trackers = Trackers(cfg.loggers, run_dir, leaf_values(cfg), resume_step)  # before any process starts
+        stack.push(lambda kind, _e, _tb: trackers.close(_tracker_status(kind)))
         stop = stack.enter_context(StopRequests())
         rewards = stack.enter_context(RewardPool(cfg.reward))
         runtime = build_runtime(
@@ -125,7 +129,16 @@ def train(
         stack.callback(runtime.close)
         record_processes(run_dir)
         resumed = Resumed(found, fingerprint)
-        return _run(cfg, run_dir, resumed, task, policy_dir, tokenizer, rewards, runtime, t_start, capture, stop)
+        return _run(
+            cfg, run_dir, resumed, task, policy_dir, tokenizer, rewards, runtime, trackers, t_start, capture, stop
+        )
+
+
+def _tracker_status(kind: type | None) -> str:
+    """How a tracker run ends: FINISHED, KILLED (a signal stopped it; it resumes) or FAILED."""
+    if kind is None:
+        return "FINISHED"
+    return "KILLED" if issubclass(kind, (RunStopped, KeyboardInterrupt)) else "FAILED"
 
 
 def preflight(cfg: RunConfig, policy_dir: Path) -> None:
@@ -138,6 +151,7 @@ def preflight(cfg: RunConfig, policy_dir: Path) -> None:
 
     lc = cfg.learner
     check_divisible(load_arch(policy_dir), lc.tensor_parallel_size, lc.pipeline_parallel_size)
+    check_trackers(cfg.loggers)
     world = lc.tensor_parallel_size * lc.pipeline_parallel_size * lc.data_parallel_size
     if cfg.runtime == "local" and world > 1:
         raise ConfigError(f"learner TP x PP x DP = {world} ranks need runtime=ray (runtime=local is one process)")
@@ -170,6 +184,7 @@ def _run(
     tokenizer,
     rewards: RewardPool,
     runtime: Runtime,
+    trackers: Trackers,
     t_start: float,
     capture,
     stop: StopRequests,
@@ -190,7 +205,7 @@ def _run(
         loop = LoopState(**state["loop"])
         set_rng_state(state["rng"])
     wall_at_start = loop.wall_s
-    metrics = MetricsLog(run_dir, resume_step=loop.step if found else -1)  # later rows are redone
+    metrics = MetricsLog(run_dir, loop.step if found else -1, trackers)  # later rows are redone
     trained = StepLog(run_dir / "trained.jsonl", resume_step=loop.step if found else -1)
     samples_log = StepLog(run_dir / "samples.jsonl", resume_step=loop.step if found else -1)
     gate = EngineGate(cfg.rollout.timeout_s)
@@ -219,6 +234,7 @@ def _run(
             out |= expected_accuracy(learner, tokenizer, expected_rows, params.temperature, mix)
         for sample in shown:
             samples_log.write({"step": step, **sample})
+        trackers.samples(step, shown)
         loop.last_eval_accuracy = out["eval_accuracy"]
         return out
 
@@ -246,6 +262,7 @@ def _run(
                 loop.step, loop.wall_s = step, wall_at_start + time.time() - t_start
                 # the scheduler as it was when this step's batch was made: batches made ahead are made again
                 state = {"scheduler": made.scheduler_state, "loop": asdict(loop), "fingerprint": fingerprint}
+                trackers.flush()  # the trackers hold every row to here: a resume starts after this step
                 saved = save_checkpoint(
                     run_dir / "checkpoints", step, state, cfg.checkpoint.keep_last, policy_dir, learner
                 )
@@ -260,7 +277,9 @@ def _run(
         metrics.close()
         trained.close()
         samples_log.close()
-    return summarize(cfg.steps, cfg.scheduler.policy, run_dir, wall_at_start + time.time() - t_start)
+    trackers.flush()
+    wall = wall_at_start + time.time() - t_start
+    return summarize(cfg.steps, cfg.scheduler.policy, run_dir, wall, trackers.failures)
 
 
 def save_hf_folder(checkpoint: Path) -> Path:

@@ -93,3 +93,15 @@ def math_data(tmp_path_factory):
     from tests.math_data import write_math_data
 
     return write_math_data(tmp_path_factory.mktemp("math"))
+
+
+@pytest.fixture(scope="session")
+def mlflow_tracking(tmp_path_factory):
+    """A real MLflow tracking server (SQLite store) for the session: ``.uri``, and ``.proc`` (its own session)."""
+    pytest.importorskip("mlflow", reason="the trackers extra: pip install -e '.[trackers]'")
+    from types import SimpleNamespace
+
+    from tests.trackers import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as (uri, proc):
+        yield SimpleNamespace(uri=uri, proc=proc)

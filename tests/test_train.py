@@ -6,7 +6,9 @@ converted (slow tier, the real-lm extra); and the seed streams the loop draws fr
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import shutil
 import signal
@@ -19,11 +21,12 @@ import psutil
 import pytest
 
 from pc_megatron.cli import main
-from pc_megatron.config import load_config
+from pc_megatron.config import leaf_values, load_config, read_run_config
 from pc_megatron.observability import read_metrics
 from pc_megatron.train import stream_seed, train
 from tests.math_data import math_run_overrides
 from tests.settings import SMALL, comparable
+from tests.trackers import mlflow_history, mlflow_runs, wandb_history
 
 
 def test_seed_streams_never_collide_however_many_calls_a_step_makes():
@@ -32,11 +35,30 @@ def test_seed_streams_never_collide_however_many_calls_a_step_makes():
     assert stream_seed(0, 3, 2) == stream_seed(0, 3, 2)  # deterministic, so a resumed run redraws the same
 
 
+HAVE_MLFLOW = importlib.util.find_spec("mlflow") is not None
+
+
 @pytest.fixture(scope="module")
 def two_step_run(cache_dir, tmp_path_factory):
+    """Two GRPO steps; with the trackers extra, also logged to MLflow's file store beside the run."""
     run_dir = tmp_path_factory.mktemp("runs") / "two"
-    summary = train(load_config("tiny", [*SMALL, "steps=2"]), run_dir)
+    loggers = "loggers=[tensorboard,mlflow]" if HAVE_MLFLOW else "loggers=[tensorboard]"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_TRACKING_URI", f"file://{run_dir.parent}/mlruns")
+        env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # deprecated in MLflow 3, still what many use
+        summary = train(load_config("tiny", [*SMALL, "steps=2", loggers]), run_dir)
     return run_dir, summary
+
+
+def tracked(rows: list[dict], key=str) -> dict[str, list[tuple[int, float]]]:
+    """What a tracker must hold of metrics.jsonl's ``rows``: ``name -> [(step, value), ...]`` of every
+    finite number (``key``: the tracker's name for a metric)."""
+    out: dict[str, list] = {}
+    for row in rows:
+        for k, v in row.items():
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                out.setdefault(key(k), []).append((row["step"], float(v)))
+    return out
 
 
 def test_two_grpo_steps_write_the_run_directory(two_step_run):
@@ -65,6 +87,24 @@ def test_two_grpo_steps_write_the_run_directory(two_step_run):
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
     assert rows[1]["reward/timeouts"] == rows[1]["reward/errors"] == 0 and rows[1]["generate_calls"] == 1
+
+
+@pytest.mark.skipif(not HAVE_MLFLOW, reason="the trackers extra: pip install -e '.[trackers]'")
+def test_mlflow_holds_every_metric_of_the_run_at_its_steps_and_the_config_as_parameters(two_step_run):
+    from mlflow import MlflowClient
+
+    run_dir, summary = two_step_run
+    uri = f"file://{run_dir.parent}/mlruns"
+    (run,) = mlflow_runs(uri)
+    assert run.info.run_name == "two" and run.info.status == "FINISHED" and summary["tracker_failures"] == {}
+    # the file store names a metric by a file: "/" in a key becomes "." there (pc_megatron/trackers.py)
+    assert mlflow_history(uri, run.info.run_id) == tracked(read_metrics(run_dir), lambda k: k.replace("/", "."))
+    config = leaf_values(read_run_config(run_dir / "config.yaml"))
+    assert run.data.params == {k: str(v) for k, v in config.items()}
+    assert [a.path for a in MlflowClient(uri).list_artifacts(run.info.run_id, "eval_samples")] == [
+        "eval_samples/step_000000.json",
+        "eval_samples/step_000002.json",
+    ]
 
 
 def test_each_evaluation_writes_a_few_prompts_with_their_completion_answer_and_reward(two_step_run):
@@ -106,8 +146,10 @@ def test_learner_and_engine_logprobs_agree_every_step(two_step_run):
         assert row["logprob_mismatch_max"] < 1e-4
 
 
-def run_cli(args, cache_dir, **kw):
-    env = {**os.environ, "PC_MEGATRON_CACHE": str(cache_dir)}
+def run_cli(args, cache_dir, env=None, **kw):
+    # not WANDB_SERVICE: a W&B run made in this process (tests/test_trackers.py) would lend the run its service
+    inherited = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    env = {**inherited, "PC_MEGATRON_CACHE": str(cache_dir), **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "pc_megatron.cli", "train", *args], env=env, **kw)
 
 
@@ -171,10 +213,18 @@ def test_sigterm_mid_run_stops_cleanly_and_resume_reproduces_the_run(cache_dir, 
     sigterm_and_resume([], tmp_path, cache_dir, uninterrupted)
 
 
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run(cache_dir, tmp_path, uninterrupted):
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(cache_dir, tmp_path, uninterrupted, request):
+    """Killed after its checkpoint at step 4 and resumed: the metrics of the uninterrupted run. With the
+    trackers extra, the run also logs to W&B (offline) and an MLflow server: each holds every step once,
+    in the one tracker run the resume continued."""
     full = uninterrupted
-    common = [*INTERRUPTED, f"out_dir={tmp_path}"]
-    proc = run_cli([*common, "name=killed"], cache_dir, start_new_session=True)
+    loggers, env = ["loggers=[tensorboard]"], {}
+    if HAVE_MLFLOW and importlib.util.find_spec("wandb"):
+        mlflow_uri = request.getfixturevalue("mlflow_tracking").uri
+        loggers = ["loggers=[tensorboard,wandb,mlflow]"]
+        env = {"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": mlflow_uri, "MLFLOW_EXPERIMENT_NAME": "killed"}
+    common = [*INTERRUPTED, *loggers, f"out_dir={tmp_path}"]
+    proc = run_cli([*common, "name=killed"], cache_dir, env, start_new_session=True)
     latest = tmp_path / "killed" / "checkpoints" / "latest"
     deadline = time.time() + 600
     while time.time() < deadline and not (latest.exists() and latest.read_text() >= "step_000004"):
@@ -187,13 +237,24 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(cache_dir, tmp_pat
     rows_at_kill = read_metrics(tmp_path / "killed")
     assert rows_at_kill[-1]["step"] < 6  # it really was interrupted
 
-    assert run_cli(["--resume", str(tmp_path / "killed")], cache_dir).wait(timeout=600) == 0
+    assert run_cli(["--resume", str(tmp_path / "killed")], cache_dir, env).wait(timeout=600) == 0
     resumed = read_metrics(tmp_path / "killed")
     assert [r["step"] for r in resumed] == [r["step"] for r in full]
     for a, b in zip(full, resumed, strict=True):
         assert comparable(a) == comparable(b), f"step {a['step']} differs"
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert summary["cum_rollouts"] == 6 * 8 * 4
+    if env:
+        want = tracked([comparable(r) for r in resumed])  # a step done twice keeps its first wall-clock figures
+        (run,) = mlflow_runs(mlflow_uri, "killed")
+        history = mlflow_history(mlflow_uri, run.info.run_id)
+        assert run.info.status == "FINISHED" and {k: history[k] for k in want} == want
+        steps = {k: [s for s, _ in v] for k, v in tracked(resumed).items()}
+        assert {k: [s for s, _ in v] for k, v in history.items()} == steps  # every metric, each step once
+        ids, rows = wandb_history(tmp_path / "killed" / "wandb")
+        assert len(ids) == 1 and [r["_step"] for r in rows] == list(range(7))  # one run, each step once
+        for row, w in zip(resumed, rows, strict=True):
+            assert all(w[k] == v[0][1] for k, v in tracked([comparable(row)]).items()), f"step {row['step']}"
 
 
 def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path, cache_dir):
