@@ -297,7 +297,9 @@ class Trackers:
     def __init__(self, loggers: list[str], run_dir: Path, params: dict, resume_step: int) -> None:
         self.path = run_dir / STATE_FILE
         saved = json.loads(self.path.read_text()) if resume_step >= 0 and self.path.exists() else {}
-        self.state: dict[str, dict] = {name: saved.get(name, {}) for name in loggers if name != "tensorboard"}
+        active = [name for name in loggers if name != "tensorboard"]
+        # a tracker a resume leaves out keeps its entry: named again later, it continues its run
+        self.state: dict[str, dict] = saved | {name: saved.get(name, {}) for name in active}
         self.failures: dict[str, int] = {}
         self._lock = threading.Lock()
         self.local: list[TensorBoard] = []
@@ -305,7 +307,7 @@ class Trackers:
         try:
             if "tensorboard" in loggers:
                 self.local.append(TensorBoard(run_dir, resume_step))
-            for name in self.state:
+            for name in active:
                 kind = WandB if name == "wandb" else MLflow
                 try:
                     tracker = kind(run_dir, params, self.state[name])
