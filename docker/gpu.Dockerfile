@@ -35,7 +35,7 @@ COPY kernels ./kernels
 COPY configs ./configs
 COPY tools ./tools
 COPY tests ./tests
-RUN pip install --no-build-isolation -e ".[gpu,test]" \
+RUN pip install --no-build-isolation -e ".[gpu,test,trackers]" \
     && python -c "import torch, vllm, ray, transformer_engine, megatron.core; print('image ok', torch.__version__, vllm.__version__)"
 
 ENTRYPOINT ["pc-megatron"]

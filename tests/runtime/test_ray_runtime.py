@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytest.importorskip("ray", reason="runtime=ray needs ray (in the test extra)")
@@ -98,6 +99,13 @@ def _cli(args: list[str], cache_dir) -> subprocess.Popen:
     )
 
 
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # gone meanwhile
+        return ""
+
+
 def test_a_killed_engine_actor_stops_the_run_clearly_and_resume_reproduces_it(cache_dir, tmp_path):
     common = ["tiny", *SMALL, *MOVING, "steps=4", "runtime=ray", f"out_dir={tmp_path}"]
     assert _cli([*common, "name=full"], cache_dir).wait(timeout=600) == 0
@@ -107,11 +115,12 @@ def test_a_killed_engine_actor_stops_the_run_clearly_and_resume_reproduces_it(ca
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(0.2)
-    pids = subprocess.run(["pgrep", "-f", "ray::EngineWorker"], capture_output=True, text=True).stdout.split()
-    assert pids, "no engine actor process found"
+    # this run's engine actors (its Ray instance is its own: they descend from it), not another run's
+    engines = [p for p in psutil.Process(proc.pid).children(recursive=True) if "ray::EngineWorker" in _cmdline(p)]
+    assert engines, "no engine actor process found"
     t_kill = time.time()
-    for pid in pids:
-        os.kill(int(pid), signal.SIGKILL)
+    for p in engines:
+        p.kill()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and time.time() - t_kill < 60
     assert "engine replica 0" in err and "died" in err and "--resume" in err, err[-3000:]
