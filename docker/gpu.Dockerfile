@@ -3,9 +3,11 @@
 # torch 2.13.0 (CUDA 13.0 build), Transformer Engine, vLLM 0.32, Ray, Megatron-Core; every Python
 # package at the version in constraints.txt, the base image at the `# image gpu-base` line there.
 #
-# NOT BUILT: no Docker engine runs on the machines this project is developed on. What was checked
-# there: the file parses (tests/test_images.py, Docker's own parser), and the pins resolve for
-# Linux x86_64 / Python 3.12 wheels (docs/LOG.md). Build: docker/build.sh gpu
+# NOT BUILT: its CUDA base cannot be fetched on the development machines. What was checked there:
+# the file parses (tests/test_images.py, Docker's own parser); on a CUDA-less Ubuntu 24.04 base made
+# with debootstrap it builds up to `pip install torch`, which fails on the pins: constraints.txt holds
+# nvidia-cuda-* at 13.5.37 where torch 2.13.0's CUDA 13.0 build needs 13.0.x (docs/LOG.md; open).
+# Build: docker/build.sh gpu
 ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
 FROM ${BASE_IMAGE}
 
@@ -35,6 +37,7 @@ COPY kernels ./kernels
 COPY configs ./configs
 COPY tools ./tools
 COPY tests ./tests
+COPY docker ./docker
 RUN pip install --no-build-isolation -e ".[gpu,test,trackers]" \
     && python -c "import torch, vllm, ray, transformer_engine, megatron.core; print('image ok', torch.__version__, vllm.__version__)"
 
