@@ -367,7 +367,7 @@ class Trackers:
             if not bg.wait(FLUSH_TIMEOUT_S):
                 self._failed(name, f"delivering within {FLUSH_TIMEOUT_S:.0f} s", TimeoutError("no answer"))
                 continue
-            if not bg.tracker.durable and bg.taken >= 0:
+            if not bg.tracker.durable and bg.taken > self.state[name].get("last_step", -1):  # new rows only
                 bg.tracker.flush()
                 self._took(name, bg.taken)
 
