@@ -4,9 +4,10 @@
 # package at the version in constraints.txt, the base image at the `# image gpu-base` line there.
 #
 # NOT BUILT: its CUDA base cannot be fetched on the development machines. What was checked there:
-# the file parses (tests/test_images.py, Docker's own parser); on a CUDA-less Ubuntu 24.04 base made
-# with debootstrap it builds up to `pip install torch`, which fails on the pins: constraints.txt holds
-# nvidia-cuda-* at 13.5.37 where torch 2.13.0's CUDA 13.0 build needs 13.0.x (docs/LOG.md; open).
+# the file parses (tests/test_images.py, Docker's own parser), and every package it installs
+# resolves as pinned for its Python 3.12 / manylinux x86_64 (`bash tools/update_pins.sh --check`, a
+# pip dry run for this platform; it found torch's CUDA libraries pinned too new, since fixed).
+# Transformer Engine's torch extension is compiled here, against the base's CUDA: never tried.
 # Build: docker/build.sh gpu
 ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
 FROM ${BASE_IMAGE}
