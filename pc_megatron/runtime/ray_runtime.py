@@ -273,6 +273,7 @@ class RayRuntime:
                 opts, ray_bundles = actor_options(head, rcfg.cpus_per_bundle * share, share if on_gpu else 0), None
             engines.append(engine_cls.options(**opts).remote(rc, str(policy_dir), lc.bf16, threads, ray_bundles))
         self.fleet = RayRolloutFleet(engines, [r[0].node for r in replica_bundles], rc.timeout_s)
+        learner_gpus: list[str] = []
         if on_gpu and any(r.transport == "cuda_ipc" for r in self.routes):  # by physical GPU, not bundle index
             learners = self.learner.workers
             learner_gpus = ray_get([w.gpu_id.remote() for w in learners], self.learner.names, rcfg.call_timeout_s)
@@ -280,6 +281,7 @@ class RayRuntime:
             self.routes = match_by_gpu(self.routes, learner_gpus, worker_gpus)
         placement = {
             "learner": self.learner.nodes,
+            "learner_gpus": learner_gpus,  # rank r's GPU (its UUID) where CUDA IPC routes were matched
             "reference_learner": self.ref_learner.nodes if self.ref_learner else [],
             "engines": self.fleet.nodes,
             "placement": rcfg.placement,

@@ -45,10 +45,11 @@ class Route:
     slot: Slot  # where the worker runs
     sender: int  # learner rank
     transport: str  # local | shm | cuda_ipc | bytes | broadcast
+    gpu: str = ""  # the physical GPU both ends report (``match_by_gpu``); "" until matched
 
     def as_dict(self) -> dict:
         """What ``placement.json`` records of the route."""
-        return {
+        out = {
             "replica": self.replica,
             "worker": self.worker,
             "node": self.slot.node,
@@ -56,10 +57,12 @@ class Route:
             "sender": self.sender,
             "transport": self.transport,
         }
+        return {**out, "gpu": self.gpu} if self.gpu else out
 
     def describe(self) -> str:
+        on = f", GPU {self.gpu}" if self.gpu else ""
         return (
-            f"engine replica {self.replica} worker {self.worker} (node {self.slot.node}, bundle {self.slot.index}) "
+            f"engine replica {self.replica} worker {self.worker} (node {self.slot.node}, bundle {self.slot.index}{on}) "
             f"<- learner rank {self.sender} by {self.transport}"
         )
 
@@ -124,7 +127,7 @@ def match_by_gpu(routes: list[Route], learner_gpus: list[str], worker_gpus: list
                 f"GPUs: {learner_gpus}); CUDA IPC copies within one GPU: give every engine worker a learner rank on "
                 "its GPU (ray.placement=colocated with as many learner ranks as engine workers), or use broadcast"
             )
-        out.append(dataclasses.replace(r, sender=senders[0]))
+        out.append(dataclasses.replace(r, sender=senders[0], gpu=gpu))
     return out
 
 

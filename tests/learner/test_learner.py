@@ -259,18 +259,33 @@ def test_packed_micro_batches_on_gpu_equal_the_padded_ones(tmp_path, impl):
     assert cos > (0.99 if bf16 else 0.99999), cos
 
 
+def _fp8_model(folder):
+    """A random Qwen2 of FP8-friendly widths (multiples of 16) whose vocabulary holds the ragged
+    batch's token ids (< 96)."""
+    from pc_megatron.embedded.tiny_model import create_tiny_model
+    from pc_megatron.model.config import TinyModelConfig
+
+    shape = TinyModelConfig(
+        num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=128
+    )
+    return create_tiny_model(shape, folder)
+
+
+def test_the_fp8_model_takes_the_ragged_batch(tmp_path):
+    """The GPU tests' FP8 model and ragged batch, checked where it runs everywhere (the local spec
+    on CPU): every token id fits the vocabulary (an out-of-range id is a device assert on CUDA)."""
+    batch, _ = ragged_batch()
+    learner = Learner(_fp8_model(tmp_path / "m"), LearnerConfig(max_tokens_per_micro_batch=256), seed=0)
+    assert int(batch.tokens.max()) < learner.arch.vocab_size
+    assert torch.isfinite(learner.logprobs(batch)).all()
+
+
 @pytest.mark.gpu
 def test_fp8_on_a_ragged_packed_batch(tmp_path):
     """FP8 GEMMs need each micro-batch's tokens in multiples of 16: the planner pads the packed stream
     to that alignment; the step runs and agrees with bf16 to FP8 precision."""
     pytest.importorskip("transformer_engine")
-    from pc_megatron.embedded.tiny_model import create_tiny_model
-    from pc_megatron.model.config import TinyModelConfig
-
-    folder = create_tiny_model(
-        TinyModelConfig(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512),
-        tmp_path / "m",
-    )
+    folder = _fp8_model(tmp_path / "m")
     common = dict(transformer_impl="transformer_engine", bf16=True, max_tokens_per_micro_batch=256, clip_grad=0.0)
     bf16 = _ragged_on(folder, LearnerConfig(**common))
     fp8 = _ragged_on(folder, LearnerConfig(fp8="hybrid", **common))
@@ -298,6 +313,36 @@ def test_sequence_parallel_on_a_ragged_batch(tmp_path):
     assert losses[True].keys() == losses[False].keys() and losses[True]
     for key, loss in losses[False].items():
         assert abs(losses[True][key] - loss) < 0.02 * max(abs(loss), 1e-3), key
+
+
+@pytest.mark.gpu
+def test_fp8_with_two_data_parallel_ranks_of_unequal_micro_batch_counts(tmp_path):
+    """FP8 (delayed scaling) with DP 2, where the token-budget planner gives the two ranks different
+    micro-batch counts: each micro-batch's FP8 context reduces the amax within its tensor-parallel
+    group only (``tp_only_amax_red``), so no rank waits in an amax reduction that the other, done
+    early, never joins. Every layout's step finishes within the deadline, both data-parallel ranks
+    hold the same reduced gradients, and the loss agrees with bf16 to FP8 precision."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("data parallelism needs two GPUs")
+    pytest.importorskip("transformer_engine")
+    import json
+
+    folder = _fp8_model(tmp_path / "m")
+    runs = {}
+    for name, fp8 in (("bf16", {}), ("fp8", {"fp8": "hybrid", "fp8_recipe": "delayed"})):
+        extra = {"transformer_impl": "transformer_engine", "bf16": True, **fp8}
+        torchrun(tmp_path / name, 2, [1, 1, "shape", folder], env={"PCM_SHAPE_EXTRA": json.dumps(extra)}, timeout=300)
+        runs[name] = {p.stem: torch.load(p) for p in (tmp_path / name).glob("m-*-rank*.pt")}
+    fp8 = runs["fp8"]
+    unequal = {k for k, r in fp8.items() if len(set(r["micro_batches"])) > 1}
+    assert unequal, {k: r["micro_batches"] for k, r in fp8.items()}  # the case that deadlocked
+    for key, r in fp8.items():
+        twin = fp8[key.replace("rank0", "rank1") if "rank0" in key else key.replace("rank1", "rank0")]
+        assert r["dp"] != twin["dp"]
+        for n, g in r["grads"].items():
+            assert torch.equal(g, twin["grads"][n]), f"{key}: {n} differs across data-parallel ranks"
+        bf16 = runs["bf16"][key]["loss"]
+        assert abs(r["loss"] - bf16) < 0.05 * max(abs(bf16), 1e-3), key
 
 
 @pytest.mark.gpu

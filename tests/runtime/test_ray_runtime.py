@@ -167,6 +167,44 @@ def test_a_two_worker_vllm_replica_under_ray_matches_the_one_process_run(cache_d
         assert r["logprob_mismatch_max"] < 1e-4 and r["engine_weight_version"] == r["step"]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "layout",
+    [
+        # one replica of two vLLM workers: each matched by GPU identity to the learner rank on its GPU
+        pytest.param(
+            [*TWO_KV, "learner.tensor_parallel_size=2", "rollout.vllm.tensor_parallel_size=2"], id="engine-tp2"
+        ),
+        # two one-GPU replicas: every bucket's load starts on both before the sync waits for either
+        pytest.param(["learner.data_parallel_size=2", "rollout.replicas=2"], id="two-replicas"),
+    ],
+)
+def test_colocated_vllm_on_two_gpus_takes_each_sync_by_cuda_ipc_on_its_own_gpu(cache_dir, tmp_path, layout):
+    """runtime=ray on two GPUs, each shared by a learner rank and a vLLM engine worker: every route is
+    CUDA IPC from the learner rank that reports the worker's own GPU (not the one its bundle index
+    suggests), and each sync reaches every worker: the engines' log-probs are the learner's to bf16
+    precision and serve the learner's version, over several buckets per sync."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("two colocated learner ranks and engine workers need two GPUs")
+    pytest.importorskip("vllm")
+    gpu = ["rollout.backend=vllm", "learner.bf16=true", "rollout.vllm.gpu_memory_utilization=0.3"]
+    run = ["steps=3", "runtime=ray", "rollout.weight_sync.bucket_mb=1"]
+    cfg = load_config("tiny", [*SMALL, *MOVING, *layout, *gpu, *run])
+    train(cfg, tmp_path / "run")
+    placement = json.loads((tmp_path / "run" / "placement.json").read_text())
+    routes, gpus = placement["weight_sync_routes"], placement["learner_gpus"]
+    assert len(routes) == 2 and {r["transport"] for r in routes} == {"cuda_ipc"}
+    assert len(set(gpus)) == 2 and all(r["gpu"] == gpus[r["sender"]] for r in routes)
+    assert {r["gpu"] for r in routes} == set(gpus)  # one worker on each GPU
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for r in rows[1:]:
+        assert r["engine_weight_version"] == r["policy_version"], r["step"]
+        assert r["logprob_mismatch_max"] < 0.1, (r["step"], r["logprob_mismatch_max"])  # bf16; a lost shard: O(1)
+
+
 BROADCAST = ["ray.placement=split", "rollout.weight_sync.transport=broadcast", "rollout.replicas=2"]
 
 

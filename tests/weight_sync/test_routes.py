@@ -118,7 +118,9 @@ def test_cuda_ipc_routes_follow_the_physical_gpu_not_the_bundle_index():
     on_bundle = {s.index: learner_gpus[r] for r, s in enumerate(learner)}
     worker_gpus = [sorted(on_bundle[s.index] for s in workers) for workers in replicas]  # vLLM's order
     matched = match_by_gpu(routes, learner_gpus, worker_gpus)
-    assert all(learner_gpus[r.sender] == worker_gpus[r.replica][r.worker] for r in matched)
+    assert all(learner_gpus[r.sender] == worker_gpus[r.replica][r.worker] == r.gpu for r in matched)
+    assert matched[0].as_dict()["gpu"] == matched[0].gpu and f"GPU {matched[0].gpu})" in matched[0].describe()
+    assert "gpu" not in routes[0].as_dict()  # unmatched (CPU, or before the actors report): no GPU to record
     assert [r.sender for r in matched] != [r.sender for r in routes]  # the index order would have been wrong here
     with pytest.raises(ConfigError, match=r"engine replica 0 worker 0 runs on GPU GPU-z, where no learner rank runs"):
         match_by_gpu(routes, learner_gpus, [["GPU-z", *w[1:]] if k == 0 else w for k, w in enumerate(worker_gpus)])

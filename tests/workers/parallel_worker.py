@@ -6,9 +6,10 @@ remaining ranks):
   weights, its update on the Adam moments) and the logits after it;
 - ``resume CKPT_ROOT``: load CKPT_ROOT/NAME and take the same SFT step;
 - ``shape``: on a ragged batch (lengths spanning 50x), for each micro-batch layout of ``SHAPES``,
-  log-probs and one RL step's gradients; every rank saves its gradient shards to
-  OUT/NAME-LAYOUT-rankR.pt; then (PP > 1) the HF export with the linear weights in bf16 and the
-  norms in fp32, whose dtypes rank 0 saves to OUT/NAME-dtypes.pt.
+  log-probs and one RL step's gradients; every rank saves its gradient shards (and the plan's
+  micro-batch count of each data-parallel rank) to OUT/NAME-LAYOUT-rankR.pt; then (PP > 1) the HF
+  export with the linear weights in bf16 and the norms in fp32, whose dtypes rank 0 saves to
+  OUT/NAME-dtypes.pt.
 
 Rank 0 saves the results to OUT/NAME.pt."""
 
@@ -73,8 +74,11 @@ def shape_check(folder: str, out: Path, tp: int, pp: int) -> None:
             "pp": ps.get_pipeline_model_parallel_rank(),
             "dp": ps.get_data_parallel_rank(),
         }
+        plan, _ = learner._plan(batch, cfg.max_tokens_per_micro_batch)  # each data-parallel rank's micro-batches
+        counts = [len(r) for r in plan.ranks]
         torch.save(
-            {**where, "grads": grads, "loss": stats["loss"], "logprobs": old}, out / f"{name}-{layout}-rank{rank}.pt"
+            {**where, "grads": grads, "loss": stats["loss"], "logprobs": old, "micro_batches": counts},
+            out / f"{name}-{layout}-rank{rank}.pt",
         )
     if pp > 1:  # stages own tensors of different dtypes: the export must carry each one's dtype
         learner = Learner(folder, LearnerConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp), seed=0)
