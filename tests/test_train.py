@@ -7,6 +7,7 @@ converted (slow tier, the real-lm extra); and the seed streams the loop draws fr
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -138,6 +139,58 @@ def test_the_learner_releases_its_training_memory_before_each_sync_wakes_the_eng
     monkeypatch.setattr(HFEngine, "update_weights", lambda self, *a: (calls.append("sync"), update(self, *a))[1])
     train(load_config("tiny", [*SMALL, "steps=1"]), tmp_path / "order")
     assert calls == ["offload", "sync"] * 2  # at the start, then after the update
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_each_sync_starts_after_the_learner_gave_its_training_memory_back(cache_dir, tmp_path, monkeypatch):
+    """The order above, on a GPU: when the sync after an update starts, the learner has moved its
+    optimizer state to host memory, freed its gradient buffers and returned its cached blocks, so
+    less memory is allocated and reserved than right after the update."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from pc_megatron.learner import Learner
+    from pc_megatron.rollout.hf_engine import HFEngine
+
+    seen = []
+    train_rl, update = Learner.train_rl, HFEngine.update_weights
+
+    def note(what):
+        torch.cuda.synchronize()
+        seen.append((what, torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
+
+    def trained(self, *args, **kwargs):
+        out = train_rl(self, *args, **kwargs)
+        note("update")
+        return out
+
+    monkeypatch.setattr(Learner, "train_rl", trained)
+    monkeypatch.setattr(HFEngine, "update_weights", lambda self, *a: (note("sync"), update(self, *a))[1])
+    extra = ["steps=2", "learner.bf16=true", "learner.offload_during_rollout=true"]
+    train(load_config("tiny", [*SMALL, *extra]), tmp_path / "gpu")
+    # the last mini-batch's update of each step, then that step's sync
+    pairs = [(a, b) for a, b in itertools.pairwise(seen) if (a[0], b[0]) == ("update", "sync")]
+    assert len(pairs) == 2, [what for what, *_ in seen]
+    for (_, used, held), (_, used_at_sync, held_at_sync) in pairs:
+        assert used_at_sync < used and held_at_sync < held, seen
+
+
+@pytest.mark.gpu
+def test_runtime_local_with_an_engine_of_two_gpus_is_refused_before_anything_loads(cache_dir, tmp_path):
+    """One process, one CUDA IPC buffer on one GPU: an engine of two GPU workers could not read its
+    shards. Refused before a run folder exists or a model loads, naming the layout and the fixes."""
+    import torch
+
+    from pc_megatron.errors import ConfigError
+
+    if not torch.cuda.is_available():
+        pytest.skip("the refusal is for CUDA IPC: it needs a CUDA GPU (on CPU the shm route serves any layout)")
+    cfg = load_config("tiny", [*SMALL, "steps=1", "rollout.backend=vllm", "rollout.vllm.tensor_parallel_size=2"])
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"runtime=local with an engine of 2 GPUs .* use runtime=ray .*=1"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists() and time.monotonic() - t0 < 120
 
 
 def test_learner_and_engine_logprobs_agree_every_step(two_step_run):
