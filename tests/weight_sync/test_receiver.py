@@ -28,7 +28,8 @@ def _buckets() -> list[list[tuple[str, torch.Tensor]]]:
 
 def _receiver(conn, mode: str, device: str) -> None:
     """Per handle: ``copy``: sleep, copy out, answer; ``deferred``: answer, sleep, then read the
-    buffer (what an unsynchronised copy-out amounts to). Reports whether each bucket matched."""
+    buffer (what an unsynchronised copy-out amounts to). Reports whether each bucket matched. GPU 0
+    is the current device, whatever ``device`` is."""
     if device.startswith("cuda"):
         torch.cuda.set_device(0)
     rx = BucketReceiver(device)
@@ -92,6 +93,16 @@ def test_negative_control_a_receiver_that_answers_before_copying_reads_the_next_
 @pytest.mark.gpu
 def test_cuda_ipc_receiver_that_copies_before_answering_gets_every_bucket_intact():
     assert _run("cuda_ipc", "copy", "cuda:0") == [True, True, True]
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_receiver_opens_the_buffer_on_its_own_gpu_not_its_threads_current_one():
+    """The sender's buffer on GPU 1; the receiver's thread has GPU 0 current (as in a thread vLLM did
+    not set up) and its own device is GPU 1: it opens the buffer there, every bucket intact."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs: the receiver's device and another current one")
+    with torch.cuda.device(1):
+        assert _run("cuda_ipc", "copy", "cuda:1") == [True, True, True]
 
 
 @pytest.mark.gpu
