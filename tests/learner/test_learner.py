@@ -332,7 +332,7 @@ def test_fp8_with_two_data_parallel_ranks_of_unequal_micro_batch_counts(tmp_path
     for name, fp8 in (("bf16", {}), ("fp8", {"fp8": "hybrid", "fp8_recipe": "delayed"})):
         extra = {"transformer_impl": "transformer_engine", "bf16": True, **fp8}
         torchrun(tmp_path / name, 2, [1, 1, "shape", folder], env={"PCM_SHAPE_EXTRA": json.dumps(extra)}, timeout=300)
-        runs[name] = {p.stem: torch.load(p) for p in (tmp_path / name).glob("m-*-rank*.pt")}
+        runs[name] = {p.stem: torch.load(p, map_location="cpu") for p in (tmp_path / name).glob("m-*-rank*.pt")}
     fp8 = runs["fp8"]
     unequal = {k for k, r in fp8.items() if len(set(r["micro_batches"])) > 1}
     assert unequal, {k: r["micro_batches"] for k, r in fp8.items()}  # the case that deadlocked
