@@ -184,6 +184,8 @@ def test_the_asynchronous_loop_on_a_gpu(cache_dir, tmp_path):
     cfg = load_config("tiny", [*POOL, "steps=5", "rollout.max_staleness=1", "eval.every_steps=5"])
     train(cfg, tmp_path / "gpu")
     rows = read_metrics(tmp_path / "gpu")[1:]
-    assert [r["rollout/staleness_max"] for r in rows][1:] == [1] * 4  # every batch after the first made ahead
+    staleness = [r["rollout/staleness_max"] for r in rows][1:]
+    # within the bound, and made ahead (a batch the rollout thread had not begun before a quick sync is fresh)
+    assert all(s <= 1 for s in staleness) and 1 in staleness, staleness
     assert all(r["engine_weight_version"] == r["policy_version"] for r in rows)
     assert all(0 < r["correction/ess"] <= 1 and r["logprob_mismatch_max"] < 1e-2 for r in rows)

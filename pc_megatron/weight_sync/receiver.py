@@ -65,8 +65,11 @@ class BucketReceiver:
         if handle["kind"] == "routed":
             handle = handle["workers"][self.worker]
         tensors = self._copy_out(handle)
-        if self.device.type == "cuda" or (self._buffer is not None and self._buffer.device.type == "cuda"):
-            torch.cuda.synchronize()  # the copies are done before the sender may refill its buffer
+        # the copies are done before the sender may refill its buffer: on the receiver's own GPU and the
+        # buffer's (not the thread's current device, which may be another GPU)
+        buffer = self._buffer.device if self._buffer is not None else None
+        for device in {d for d in (self.device, buffer) if d is not None and d.type == "cuda"}:
+            torch.cuda.synchronize(device)
         if "checksum" in handle and checksum(tensors) != handle["checksum"]:
             raise WeightSyncError(
                 f"weight sync: a bucket arrived damaged (checksum {checksum(tensors)} != {handle['checksum']}); its "

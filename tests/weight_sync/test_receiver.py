@@ -98,7 +98,9 @@ def test_cuda_ipc_receiver_that_copies_before_answering_gets_every_bucket_intact
 @pytest.mark.gpu
 def test_cuda_ipc_receiver_opens_the_buffer_on_its_own_gpu_not_its_threads_current_one():
     """The sender's buffer on GPU 1; the receiver's thread has GPU 0 current (as in a thread vLLM did
-    not set up) and its own device is GPU 1: it opens the buffer there, every bucket intact."""
+    not set up) and its own device is GPU 1: it opens the buffer there, every bucket intact. (Its
+    wait for the copies is on GPU 1 too; the checksum here would hide a wait on the wrong GPU, since
+    reading it waits for GPU 1.)"""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs: the receiver's device and another current one")
     with torch.cuda.device(1):
