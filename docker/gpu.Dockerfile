@@ -7,7 +7,9 @@
 # the file parses (tests/test_images.py, Docker's own parser), and every package it installs
 # resolves as pinned for its Python 3.12 / manylinux x86_64 (`bash tools/update_pins.sh --check`, a
 # pip dry run for this platform; it found torch's CUDA libraries pinned too new, since fixed).
-# Transformer Engine's torch extension is compiled here, against the base's CUDA: never tried.
+# On an Ubuntu 24.04 stand-in without CUDA it builds through `pip install torch` (the pinned CUDA
+# libraries install); Transformer Engine's torch extension, compiled against the base's CUDA
+# headers, has not been built (the stand-in lacks them; docs/LOG.md).
 # Build: docker/build.sh gpu
 ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
 FROM ${BASE_IMAGE}
@@ -20,18 +22,21 @@ ENV DEBIAN_FRONTEND=noninteractive \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_VERBOSITY=error
 
-# iproute2: the two-node test's network namespaces; git: Megatron-Core's optional checks
+# iproute2: the two-node test's network namespaces; git: Megatron-Core's optional checks; g++:
+# Transformer Engine's torch extension (named, not left to what the base happens to hold)
 # apt packages: those of the base image's release (DL3008: not pinned; the base tag is)
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev git iproute2 \
+    && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev g++ git iproute2 \
     && rm -rf /var/lib/apt/lists/* \
     && python3.12 -m venv /opt/venv
 
 WORKDIR /opt/pc-megatron
 COPY constraints.txt pyproject.toml README.md ./
-# torch first: Transformer Engine's extension is built against the torch already installed
-RUN pip install torch==2.13.0 \
+# torch first: Transformer Engine's extension (33 C++ files, no prebuilt wheel for this torch) is
+# built against the torch already installed; ninja compiles them in parallel (without it: one at a
+# time), numpy quiets torch's extension builder
+RUN pip install torch==2.13.0 ninja numpy \
     && pip install --no-build-isolation "transformer-engine[pytorch]==2.20.2"
 COPY pc_megatron ./pc_megatron
 COPY kernels ./kernels
