@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
-import math
 import os
 import shutil
 import signal
@@ -27,7 +26,7 @@ from pc_megatron.observability import read_metrics
 from pc_megatron.train import stream_seed, train
 from tests.math_data import math_run_overrides
 from tests.settings import SMALL, comparable
-from tests.trackers import mlflow_history, mlflow_runs, wandb_history
+from tests.trackers import mlflow_history, mlflow_runs, numbers, tracked, wandb_history
 
 
 def test_seed_streams_never_collide_however_many_calls_a_step_makes():
@@ -49,17 +48,6 @@ def two_step_run(cache_dir, tmp_path_factory):
         env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # deprecated in MLflow 3, still what many use
         summary = train(load_config("tiny", [*SMALL, "steps=2", loggers]), run_dir)
     return run_dir, summary
-
-
-def tracked(rows: list[dict], key=str) -> dict[str, list[tuple[int, float]]]:
-    """What a tracker must hold of metrics.jsonl's ``rows``: ``name -> [(step, value), ...]`` of every
-    finite number (``key``: the tracker's name for a metric)."""
-    out: dict[str, list] = {}
-    for row in rows:
-        for k, v in row.items():
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                out.setdefault(key(k), []).append((row["step"], float(v)))
-    return out
 
 
 def test_two_grpo_steps_write_the_run_directory(two_step_run):
@@ -307,7 +295,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(cache_dir, tmp_pat
         ids, rows = wandb_history(tmp_path / "killed" / "wandb")
         assert len(ids) == 1 and [r["_step"] for r in rows] == list(range(7))  # one run, each step once
         for row, w in zip(resumed, rows, strict=True):
-            assert all(w[k] == v[0][1] for k, v in tracked([comparable(row)]).items()), f"step {row['step']}"
+            assert all(w[k] == v for k, v in numbers(comparable(row)).items()), f"step {row['step']}"
 
 
 def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path, cache_dir):

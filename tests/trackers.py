@@ -1,10 +1,12 @@
-"""A real MLflow tracking server for the tests (``mlflow server`` on SQLite, in its own session), and
-readers of what a run left in each tracker: an MLflow run's metric history, a W&B offline run's
-history (its ``.wandb`` files, read as W&B's own sync reads them)."""
+"""A real MLflow tracking server for the tests (``mlflow server`` on SQLite, in its own session), readers
+of what a run left in each tracker (an MLflow run's metric history, a W&B offline run's history: its
+``.wandb`` files, read as W&B's own sync reads them), and what a tracker must hold of ``metrics.jsonl``
+(written here on purpose, not taken from ``pc_megatron/trackers.py``, whose rule it checks)."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -15,6 +17,25 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+
+def numbers(row: dict) -> dict[str, float]:
+    """A metric row's finite numbers, ``step`` aside: what every tracker takes of it."""
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def tracked(rows: list[dict], key=str) -> dict[str, list[tuple[int, float]]]:
+    """What a tracker must hold of metrics.jsonl's ``rows``: ``name -> [(step, value), ...]`` of every
+    finite number (``key``: the tracker's name for a metric)."""
+    out: dict[str, list] = {}
+    for row in rows:
+        for k, v in numbers(row).items():
+            out.setdefault(key(k), []).append((row["step"], v))
+    return out
 
 
 def free_port() -> int:

@@ -9,7 +9,6 @@ Needs the trackers extra (``pip install -e '.[trackers]'``)."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -22,15 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pc_megatron.config import leaf_values, read_run_config
 from pc_megatron.observability import read_metrics
 from tests.settings import comparable
-from tests.trackers import mlflow_history, mlflow_runs, mlflow_server, wandb_history
-
-
-def numbers(row: dict) -> dict:
-    return {
-        k: float(v)
-        for k, v in row.items()
-        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    }
+from tests.trackers import mlflow_history, mlflow_runs, mlflow_server, numbers, tracked, wandb_history
 
 
 def main(out: Path, overrides: list[str]) -> int:
@@ -61,7 +52,7 @@ def main(out: Path, overrides: list[str]) -> int:
             if subprocess.run([*cli, "--resume", str(run_dir)], env=env, stdout=log, stderr=log).returncode:
                 raise SystemExit(f"the resume failed: {out / 'resume.log'}")
         rows = read_metrics(run_dir)
-        want = {k: [r["step"] for r in rows if k in numbers(r)] for r in rows for k in numbers(r)}
+        want = {k: [s for s, _ in v] for k, v in tracked(rows).items()}
         runs = mlflow_runs(uri)
         history = mlflow_history(uri, runs[0].info.run_id)
         checks = {
