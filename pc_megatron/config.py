@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from pc_megatron.algo.config import AlgoConfig
 from pc_megatron.checkpoint import CheckpointConfig
 from pc_megatron.data.config import DataConfig
-from pc_megatron.errors import ConfigError, not_one_of, positive
+from pc_megatron.errors import ConfigError, not_one_of, positive, threads_or_auto
 from pc_megatron.evaluate import EvalConfig
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.config import ModelConfig
@@ -42,9 +42,12 @@ class RunConfig:
     """Parent folder of run directories."""
     name: str = ""
     """Run directory name; empty = <recipe>-<timestamp>."""
-    threads: int = 1
-    """torch intra-op threads of each process: this one, and each learner rank and engine replica
-    under runtime=ray (1 is fastest for the tiny model on a shared 2-core machine)."""
+    threads: int | str = "auto"
+    """torch intra-op threads of this process and of each learner rank: 'auto' = the cores this
+    process may use divided among the processes that compute at the same time (all of them in the
+    synchronous loop, where learner and engines take turns; a share each at rollout.max_staleness >= 1;
+    pc_megatron/runtime/resources.py), or a number (it then reaches the engines too unless
+    rollout.threads is set). Resolved when the run starts; config.yaml's first line says to what."""
     progress: bool = True
     """Show a progress bar."""
     runtime: Literal["local", "ray"] = "local"
@@ -188,7 +191,8 @@ def read_run_config(path: str | Path) -> RunConfig:
 def validate(cfg: RunConfig) -> None:
     """Each section validates itself; what spans sections is checked here."""
     positive("steps", cfg.steps)
-    positive("threads", cfg.threads)
+    threads_or_auto("threads", cfg.threads)
+    threads_or_auto("rollout.threads", cfg.rollout.threads)
     if cfg.runtime not in ("local", "ray"):  # the root's one choice (sections check their own)
         raise ConfigError(f"runtime: '{cfg.runtime}' is not one of local, ray")
     check_loggers(cfg.loggers)
@@ -232,6 +236,7 @@ RESUME_SAFE = (
     "steps",
     "progress",
     "threads",
+    "rollout.threads",
     "loggers",
     "runtime",
     "eval.every_steps",

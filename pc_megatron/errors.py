@@ -31,6 +31,14 @@ def positive(key: str, value: float) -> None:
         raise ConfigError(f"{key} must be > 0 (got {value})")
 
 
+def threads_or_auto(key: str, value: int | str) -> None:
+    """A thread count: a positive integer or 'auto' (the placement's share of the cores)."""
+    if value == "auto":
+        return
+    if isinstance(value, str) or value < 1:
+        raise ConfigError(f"{key}: '{value}' is not a positive integer or auto (each process's share of the cores)")
+
+
 def check_choices(section: object, prefix: str) -> None:
     """Every ``Literal``-typed field of the dataclass ``section`` holds one of its choices: one
     ConfigError naming ``prefix.field``, the value and the choices otherwise. (The config loader checks the

@@ -48,6 +48,7 @@ from pc_megatron.rollout.producer import (
     staleness_metrics,
 )
 from pc_megatron.runtime import Runtime, build_runtime
+from pc_megatron.runtime.resources import resolve_run, resolved_header
 from pc_megatron.scheduler import Scheduler
 from pc_megatron.trackers import Trackers, check_trackers
 
@@ -89,6 +90,10 @@ def train(
     ``capture`` (``pc-megatron profile``): ``capture.step(step)`` is entered around each step;
     a captured run measures steps only (no held-out evaluation, no checkpoint)."""
     t_start = time.time()
+    given = cfg
+    cfg, resolved = resolve_run(cfg)  # learner.bf16 and threads: auto, for this machine and placement
+    for line in resolved.lines():
+        print(line, flush=True)
     torch.set_num_threads(cfg.threads)
     # everything that can be checked from the config, the data and the model's config.json, before
     # a run folder exists or a process starts
@@ -106,7 +111,7 @@ def train(
             check_resume(found[0].get("fingerprint"), fingerprint, str(found[1]))
         if resume and on_resume is not None:
             on_resume()
-        atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
+        atomic_write_text(run_dir / "config.yaml", resolved_header(given, resolved) + to_yaml(given))
         if any(task.dropped.values()):
             dropped = f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {task.dropped}"
             print(dropped, flush=True)
@@ -123,15 +128,28 @@ def train(
             policy_dir,
             run_dir,
             cfg.seed,
-            cfg.threads,
+            resolved.threads,
             reference=cfg.algo.loss.kl_coef > 0,
         )
         stack.callback(runtime.close)
+        print(read_back_dtypes(runtime), flush=True)
         record_processes(run_dir)
         resumed = Resumed(found, fingerprint)
         return _run(
             cfg, run_dir, resumed, task, policy_dir, tokenizer, rewards, runtime, trackers, t_start, capture, stop
         )
+
+
+def read_back_dtypes(runtime: Runtime) -> str:
+    """One line: the dtypes the learner's parameters and the engine hold, asked of them (not the config)."""
+    counts = runtime.learner.param_dtypes()
+    total = sum(counts.values()) or 1
+    shares = ", ".join(
+        f"{k.removeprefix('torch.')} {v / total:.1%}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
+    )
+    return (
+        f"dtypes read back: learner parameters {shares}; engine {runtime.fleet.served_dtype().removeprefix('torch.')}"
+    )
 
 
 def _tracker_status(kind: type | None) -> str:

@@ -88,9 +88,12 @@ def _train_warm_start(
 
     ws = warmstart
     # the SFT warm-start runs in this process at TP=PP=DP=1 (the model is the embedded one or
-    # small enough to fine-tune on one device; large models start RL from model.path as is)
+    # small enough to fine-tune on one device; large models start RL from model.path as is), in fp32
+    # whatever the RL learner's precision: one cached warm-start (its key has no dtype) serves both
     learner_cfg = replace(
         learner,
+        bf16=False,
+        fp8="",
         tensor_parallel_size=1,
         pipeline_parallel_size=1,
         data_parallel_size=1,

@@ -129,12 +129,12 @@ def _run_all(
 ) -> dict[tuple[str, int], Path]:
     """Every (method, seed) run as a ``pc-megatron train`` process, ``jobs`` at a time."""
     from pc_megatron.config import load_config
+    from pc_megatron.runtime.resources import plan_threads, usable_cores
 
-    threads = (
-        None
-        if any(o.startswith("threads=") for o in overrides)
-        else max(1, load_config(recipe, overrides).threads // jobs)
-    )
+    threads = None
+    if not any(o.startswith("threads=") for o in overrides):  # the jobs share the cores
+        cores = usable_cores()
+        threads = plan_threads(load_config(recipe, overrides), cores[: max(1, len(cores) // jobs)]).learner
     todo, dirs = [], {}
     for seed in seeds:
         for method in methods:

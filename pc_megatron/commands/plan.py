@@ -238,6 +238,10 @@ def plan(cfg: RunConfig, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict
         out["placement"], out["routes"] = [], []
         problems.append(f"no weight route: {e}")
     out["problems"] = problems
+    from pc_megatron.runtime.resources import plan_threads
+
+    threads = plan_threads(cfg)  # this machine's cores (a joined cluster: each actor's bundle)
+    out["threads"], out["threads_warning"] = threads.describe(), threads.oversubscribed
     return out
 
 
@@ -281,6 +285,9 @@ def format_plan(res: dict) -> str:
     ]
     if res["fp8"]:
         lines.append(f"FP8              {res['fp8']}")
+    lines.append(f"CPU threads      {res['threads'].removeprefix('threads: ')}")
+    if res["threads_warning"]:
+        lines.append(f"  warning        {res['threads_warning']}")
     if res["placement"]:
         lines += ["", "placement and weight routes", *(f"  {line}" for line in res["placement"])]
     if res["problems"]:

@@ -190,7 +190,9 @@ def survey(
     from pc_megatron.rollout.generate import encode_prompts, generate_and_score
 
     t0 = time.time()
-    torch.set_num_threads(cfg.threads)
+    from pc_megatron.runtime.resources import plan_threads
+
+    torch.set_num_threads(plan_threads(cfg).learner)
     prepared = prepare_run(cfg, progress=cfg.progress)
     rows = random.Random(cfg.seed).sample(prepared.task.train, min(prompts, len(prepared.task.train)))
     rc = cfg.rollout

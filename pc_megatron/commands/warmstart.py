@@ -26,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from pc_megatron.warmstart import SHIPPED
 
     cfg = load_config(*recipe_and_overrides(args))
-    torch.set_num_threads(cfg.threads)
+    from pc_megatron.runtime.resources import plan_threads
+
+    torch.set_num_threads(plan_threads(cfg).learner)
     if not cfg.warmstart.enabled:
         raise ConfigError("this recipe has warmstart.enabled=false: there is no warm-start to run")
     path = prepare_run(cfg, progress=cfg.progress).policy_dir

@@ -15,9 +15,12 @@ CUDA we patch these, process-wide where the name is torch's own:
   a thin proxy whose tensor factories map ``'cuda'`` to ``'cpu'``. Other modules are untouched.
 - ``clip_grad_by_total_norm_fp32`` asserts ``torch.cuda.FloatTensor`` grads: the optimizer
   module gets an equivalent that asserts fp32 on any device.
-- The distributed optimizer sorts parameters by ``tensor.type()`` strings naming CUDA types
-  (``'torch.cuda.FloatTensor'``): while it builds its parameter groups, and only then, CPU
-  tensors report the CUDA spelling of their type.
+- The mixed-precision optimizers (``Float16OptimizerWithFloat16Params``, which keeps fp32 main
+  copies of bf16 parameters, and the distributed optimizer) sort parameters by ``tensor.type()``
+  strings naming CUDA types (``'torch.cuda.BFloat16Tensor'``) and refuse anything else: while they
+  build (their ``__init__`` and the distributed optimizer's parameter-group builder), and only
+  then, CPU tensors report the CUDA spelling of their type. This is what lets ``learner.bf16``
+  train on a CPU (bf16 model, fp32 main parameters and gradients), as on a GPU.
 - (The distributed optimizer's torch-Adam fallback needs shims of its own on any device:
   ``compat/torch_adam.py``. A CPU torch build always takes that fallback.)
 - The tensor-parallel RNG tracker forks a CUDA generator: it is replaced by one that forks the
@@ -124,25 +127,31 @@ def _clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decouple
         torch._foreach_mul_(grads, clip_coeff)
 
 
-def _with_cuda_type_names(build):
-    """Wrap the distributed optimizer's classmethod so that, during the call, ``Tensor.type()``
-    spells CPU types as CUDA ones (``torch.FloatTensor`` -> ``torch.cuda.FloatTensor``)."""
-    real_type = torch.Tensor.type
+_REAL_TYPE = torch.Tensor.type
 
-    def spelled(self, *args, **kwargs):
-        name = real_type(self, *args, **kwargs)
-        if args or kwargs or not isinstance(name, str) or name.startswith("torch.cuda."):
-            return name
-        return name.replace("torch.", "torch.cuda.", 1)
 
-    def wrapped(cls, *args, **kwargs):
-        torch.Tensor.type = spelled
+def _cuda_spelled_type(self, *args, **kwargs):
+    name = _REAL_TYPE(self, *args, **kwargs)
+    if args or kwargs or not isinstance(name, str) or name.startswith("torch.cuda."):
+        return name
+    return name.replace("torch.", "torch.cuda.", 1)
+
+
+def _with_cuda_type_names(method):
+    """Wrap ``method`` (a function taking ``self`` or ``cls`` first) so that, during the call,
+    ``Tensor.type()`` spells CPU types as CUDA ones (``torch.BFloat16Tensor`` ->
+    ``torch.cuda.BFloat16Tensor``). Nested calls restore the real method only at the outermost."""
+
+    def wrapped(owner, *args, **kwargs):
+        if torch.Tensor.type is _cuda_spelled_type:  # an outer wrapped call already spells
+            return method(owner, *args, **kwargs)
+        torch.Tensor.type = _cuda_spelled_type
         try:
-            return build(cls, *args, **kwargs)
+            return method(owner, *args, **kwargs)
         finally:
-            torch.Tensor.type = real_type
+            torch.Tensor.type = _REAL_TYPE
 
-    return classmethod(wrapped)
+    return wrapped
 
 
 def megatron_version() -> str:
@@ -179,9 +188,12 @@ def apply() -> None:
     ).clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
 
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 
     build = DistributedOptimizer._build_model_and_main_param_groups.__func__
-    DistributedOptimizer._build_model_and_main_param_groups = _with_cuda_type_names(build)
+    DistributedOptimizer._build_model_and_main_param_groups = classmethod(_with_cuda_type_names(build))
+    DistributedOptimizer.__init__ = _with_cuda_type_names(DistributedOptimizer.__init__)
+    Float16OptimizerWithFloat16Params.__init__ = _with_cuda_type_names(Float16OptimizerWithFloat16Params.__init__)
 
     from megatron.core.tensor_parallel import random as tp_random
 

@@ -25,8 +25,12 @@ class LearnerConfig:
     transformer_impl: str = "auto"
     """Layer spec: 'local' (Megatron-Core modules, CPU-capable), 'transformer_engine' (GPU),
     or 'auto' (TE when CUDA and transformer_engine are available, else local)."""
-    bf16: bool = False
-    """Train in bf16 with fp32 master weights (GPU recipes); false = fp32 everywhere."""
+    bf16: bool | str = False
+    """Train in bf16 with fp32 main parameters and gradients (Megatron's mixed precision; on a CPU
+    too); false = fp32 everywhere; 'auto' = bf16 on CUDA, and on a CPU with bf16 matrix instructions
+    (amx_bf16 / avx512_bf16) where a matmul probe shows bf16 >= 1.5x fp32, else fp32 (resolved when the
+    run starts: pc_megatron/runtime/resources.py). The engine serves the same dtype
+    (rollout.vllm.dtype=auto)."""
     fp8: str = ""
     """FP8 GEMMs through Transformer Engine: '' (off), 'hybrid' (e4m3 forward, e5m2 backward) or
     'e4m3'. Needs a GPU, the TE layer spec and bf16."""
@@ -100,7 +104,9 @@ class LearnerConfig:
             raise ConfigError(f"learner.loss_impl: '{self.loss_impl}' is not one of auto, triton, torch")
         if self.fp8 not in ("", "hybrid", "e4m3"):
             raise ConfigError(f"learner.fp8: '{self.fp8}' is not one of '' (off), hybrid, e4m3")
-        if self.fp8 and not self.bf16:
+        if self.bf16 not in (True, False, "auto"):
+            raise ConfigError(f"learner.bf16: '{self.bf16}' is not one of true, false, auto")
+        if self.fp8 and self.bf16 is not True:
             raise ConfigError("learner.fp8 needs learner.bf16=true (FP8 GEMMs inside a bf16 model)")
         if self.fp8_recipe not in ("delayed", "tensorwise", "mxfp8", "blockwise"):
             raise ConfigError(

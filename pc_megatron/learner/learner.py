@@ -13,6 +13,7 @@ however the batch is cut. Every rank passes the same batch and plans the same mi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +47,10 @@ class Learner:
         from pc_megatron.compat import megatron_cpu
 
         cfg.validate()
+        if cfg.bf16 == "auto":  # a run resolves it when it starts; a learner built on its own, here
+            from pc_megatron.learner.precision import resolve_bf16
+
+            cfg = dataclasses.replace(cfg, bf16=resolve_bf16("auto", torch.get_num_threads())[0])
         self.cfg = cfg
         self.parallel = init_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
         self.arch: ArchSpec = load_arch(model_dir)
@@ -71,6 +76,13 @@ class Learner:
     @property
     def module(self) -> torch.nn.Module:
         return self.model.module
+
+    def param_dtypes(self) -> dict[str, int]:
+        """Parameters of this rank's model by dtype, read back from the model (``{"torch.bfloat16": 170, ...}``)."""
+        counts: dict[str, int] = {}
+        for p in self.module.parameters():
+            counts[str(p.dtype)] = counts.get(str(p.dtype), 0) + p.numel()
+        return counts
 
     def full_named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Global Megatron names with full (TP=1) tensors, on every rank (``export.LearnerWeights``)."""

@@ -126,6 +126,14 @@ def build_gpt_model(
         pre_process=parallel.first_stage,
         post_process=parallel.last_stage,
     )
+    if bf16 and impl == "local":
+        # the local spec's norms are torch modules made in fp32 whatever params_dtype says; Megatron's
+        # Float16Module would cast them, and its bf16 optimizer keeps fp32 main copies of bf16
+        # parameters only (a fp32 one among them breaks its checkpoint's parameter map): cast them,
+        # as TE's norms are made in bf16
+        for param in model.parameters():
+            if param.dtype == torch.float32:
+                param.data = param.data.to(torch.bfloat16)
     if torch.cuda.is_available():
         model = model.cuda()
     return model

@@ -96,6 +96,10 @@ class RolloutEngine(Protocol):
         Returns every completion, prompt-major in place order."""
         ...
 
+    def served_dtype(self) -> str:
+        """The dtype the engine computes in, read back from the engine (``"torch.bfloat16"``)."""
+        ...
+
     def sleep(self) -> None:
         """Release the engine's device memory while the learner trains (colocated GPU runs); the
         next ``update_weights`` or ``generate`` wakes it. A no-op where there is nothing to free."""
@@ -182,6 +186,10 @@ class RolloutConfig:
     """Longest completion, in tokens."""
     max_batch_size: int = 512
     """Sequences per forward batch of the hf engine."""
+    threads: int | str = "auto"
+    """Threads of each engine worker (a vLLM CPU worker binds this many cores, the last ones of the
+    process's affinity): 'auto' = the top-level `threads` when that is a number, else the placement's
+    share (pc_megatron/runtime/resources.py)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra stop tokens besides EOS."""
     replicas: int = 1

@@ -38,6 +38,9 @@ class HFEngine:
         self._receiver = BucketReceiver(self.device)
         self._staged: dict[str, torch.Tensor] = {}
 
+    def served_dtype(self) -> str:
+        return str(next(self.model.parameters()).dtype)
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
         """Staged: every tensor is checked and copied aside before any weight changes, so a bad
         stream leaves the engine serving its previous weights."""

@@ -20,6 +20,7 @@ own (``ray.placement=split``) never sleep.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -89,6 +90,22 @@ def cpu_thread_binding(tensor_parallel_size: int, cores: list[int] | None = None
     return "|".join(",".join(map(str, cores[w * per : (w + 1) * per])) for w in range(tensor_parallel_size))
 
 
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """``values`` in this process's environment for the block (the engine's worker processes inherit
+    them when they start), then as they were."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, old in before.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+
+
 class _NoTokenizerWarmup(logging.Filter):
     """vLLM 0.32's ``LLM()`` warms its chat template up even with ``skip_tokenizer_init=True`` (token ids
     in and out, the project tokenizes): that warm-up can only fail, and vLLM logs the failure as a
@@ -114,6 +131,7 @@ class VllmEngine:
         cfg: RolloutConfig,
         learner_bf16: bool = False,
         ray_bundles: list[int] | None = None,
+        cpu_cores: tuple[int, ...] = (),
     ) -> None:
         self.version_str = check_vllm()
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -135,6 +153,7 @@ class VllmEngine:
         self.eos_ids = _eos_ids(self.model_dir)
         self.manifest = Manifest.from_hf_folder(self.model_dir, self.dtype)
         kwargs = {}
+        env: dict[str, str] = {}  # for the engine's worker processes, set while they start
         if self.on_gpu:
             kwargs.update(gpu_memory_utilization=v.gpu_memory_utilization, enable_sleep_mode=self.sleep_level > 0)
         else:
@@ -142,8 +161,12 @@ class VllmEngine:
             # request's seeded generator (``set_offset``), which a CPU generator does not support, and
             # the engine dies ("CPU Generator does not use offset"; seen with chat-template prompts)
             kwargs.update(kv_cache_memory_bytes=int(v.cpu_kv_cache_gb * 2**30), enable_chunked_prefill=False)
+        if not self.on_gpu and (cpu_cores or v.tensor_parallel_size > 1):
+            # each worker bound to its slice of the run's engine cores (runtime/resources.py): vLLM's own
+            # `auto` keeps a core per worker for its scheduler, half of a two-core machine idle while it decodes
+            binding = cpu_thread_binding(v.tensor_parallel_size, list(cpu_cores) or None)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", binding)  # a user's wins
         if v.tensor_parallel_size > 1 and not self.on_gpu:
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(v.tensor_parallel_size))
             # inside a Ray actor vLLM would pick its Ray executor, which its CPU platform lacks
             kwargs.update(distributed_executor_backend="mp")
         if ray_bundles and self.on_gpu:
@@ -154,21 +177,22 @@ class VllmEngine:
             os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, ray_bundles))
             kwargs.update(distributed_executor_backend="ray")
         quiet_tokenizer_warmup()
-        self.llm = LLM(
-            model=str(self.model_dir),
-            skip_tokenizer_init=True,  # token ids in and out; the project owns tokenization
-            dtype=dtype,
-            tensor_parallel_size=v.tensor_parallel_size,
-            max_model_len=v.max_model_len or None,
-            max_num_seqs=v.max_num_seqs,
-            enable_prefix_caching=v.enable_prefix_caching,
-            enforce_eager=v.enforce_eager or not self.on_gpu,
-            seed=0,
-            worker_extension_cls=EXTENSION,
-            logprobs_mode="processed_logprobs",
-            disable_log_stats=True,
-            **kwargs,
-        )
+        with _environ(env):
+            self.llm = LLM(
+                model=str(self.model_dir),
+                skip_tokenizer_init=True,  # token ids in and out; the project owns tokenization
+                dtype=dtype,
+                tensor_parallel_size=v.tensor_parallel_size,
+                max_model_len=v.max_model_len or None,
+                max_num_seqs=v.max_num_seqs,
+                enable_prefix_caching=v.enable_prefix_caching,
+                enforce_eager=v.enforce_eager or not self.on_gpu,
+                seed=0,
+                worker_extension_cls=EXTENSION,
+                logprobs_mode="processed_logprobs",
+                disable_log_stats=True,
+                **kwargs,
+            )
         self._rpc("pcm_watch_owner", os.getpid())  # its processes end with this one, even on SIGKILL
         # broadcast: the workers receive from a learner in another process (runtime=ray) that
         # drives the sync; this engine's own update_weights has nothing to send with
@@ -195,6 +219,10 @@ class VllmEngine:
         if any(r != results[0] for r in results[1:]):
             raise WeightSyncError(f"engine workers disagree on {method}: {results}")
         return results[0]
+
+    def served_dtype(self) -> str:
+        """The dtype in vLLM's model config (what its workers loaded the model in)."""
+        return str(self.llm.llm_engine.model_config.dtype)
 
     def served_version(self) -> int:
         """The version every worker says it serves; an error if a sync is open or failed."""

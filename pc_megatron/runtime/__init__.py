@@ -24,6 +24,7 @@ from pc_megatron.batch import TokenBatch
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.rollout.base import RolloutConfig, RolloutEngine
 from pc_megatron.runtime.ray_cluster import RayConfig
+from pc_megatron.runtime.resources import ThreadPlan
 
 
 class LearnerRole(Protocol):
@@ -62,6 +63,10 @@ class LearnerRole(Protocol):
         """Optimizer state to host memory until the next update (which brings it back)."""
         ...
 
+    def param_dtypes(self) -> dict[str, int]:
+        """Parameters by dtype, read back from the (first rank's) model."""
+        ...
+
 
 class Runtime(Protocol):
     learner: LearnerRole
@@ -83,16 +88,16 @@ def build_runtime(
     policy_dir: Path,
     run_dir: Path,
     seed: int,
-    threads: int,
+    threads: ThreadPlan,
     reference: bool,
 ) -> Runtime:
     """``kind`` ('local' or 'ray', the config's ``runtime``) placing the learner (and with
     ``reference`` a frozen copy of the initial policy for the KL term) and the fleet serving
-    ``policy_dir``."""
+    ``policy_dir``, each process with its ``threads`` (``runtime/resources.py``)."""
     if kind == "ray":
         from pc_megatron.runtime.ray_runtime import RayRuntime
 
         return RayRuntime(ray, learner, rollout, policy_dir, run_dir, seed, threads, reference)
     from pc_megatron.runtime.local import LocalRuntime
 
-    return LocalRuntime(learner, rollout, policy_dir, seed, reference)
+    return LocalRuntime(learner, rollout, policy_dir, seed, reference, threads.engine_cores)

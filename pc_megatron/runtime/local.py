@@ -17,7 +17,15 @@ from pc_megatron.rollout.engines import build_engine
 
 
 class LocalRuntime:
-    def __init__(self, lc: LearnerConfig, rc: RolloutConfig, policy_dir: Path, seed: int, reference: bool) -> None:
+    def __init__(
+        self,
+        lc: LearnerConfig,
+        rc: RolloutConfig,
+        policy_dir: Path,
+        seed: int,
+        reference: bool,
+        engine_cores: tuple[int, ...] = (),
+    ) -> None:
         if lc.world_size > 1:
             raise ConfigError(
                 f"learner TP x PP x DP = {lc.world_size} ranks need runtime=ray (runtime=local is one process)"
@@ -26,7 +34,8 @@ class LocalRuntime:
             raise ConfigError("rollout.replicas > 1 needs runtime=ray (runtime=local runs one engine)")
         self.learner = Learner(policy_dir, lc, seed=seed)
         self.ref_learner = Learner(policy_dir, lc, seed=seed) if reference else None
-        self.fleet = DeadlineEngine(build_engine(rc, policy_dir, learner_bf16=lc.bf16), rc.timeout_s, rc.inflight)
+        engine = build_engine(rc, policy_dir, learner_bf16=bool(self.learner.cfg.bf16), cpu_cores=engine_cores)
+        self.fleet = DeadlineEngine(engine, rc.timeout_s, rc.inflight)
 
     def sync_weights(self) -> dict[str, float]:
         return self.fleet.update_weights(self.learner.hf_named_tensors(), self.learner.version)

@@ -162,13 +162,19 @@ class EngineWorker:
         learner_bf16: bool,
         threads: int,
         ray_bundles: list[int] | None,
+        cpu_cores: tuple[int, ...] = (),
     ) -> None:
         import torch
 
         from pc_megatron.rollout.engines import build_engine
 
         torch.set_num_threads(threads)
-        self.engine = build_engine(rollout_cfg, model_dir, learner_bf16=learner_bf16, ray_bundles=ray_bundles)
+        self.engine = build_engine(
+            rollout_cfg, model_dir, learner_bf16=learner_bf16, ray_bundles=ray_bundles, cpu_cores=cpu_cores
+        )
+
+    def served_dtype(self) -> str:
+        return self.engine.served_dtype()
 
     def manifest(self) -> Any:
         return self.engine.manifest

@@ -40,6 +40,7 @@ from pc_megatron.runtime.ray_cluster import (
     replica_slices,
     start_ray,
 )
+from pc_megatron.runtime.resources import ThreadPlan
 from pc_megatron.weight_sync.routes import Slot, match_by_gpu, plan_routes
 
 if TYPE_CHECKING:
@@ -99,6 +100,9 @@ class RayLearnerGroup:
 
     def offload(self) -> None:
         self._call("offload")
+
+    def param_dtypes(self) -> dict[str, int]:
+        return self._call("param_dtypes")
 
     def push_weights(self, fleet: RayRolloutFleet, routes: list, bucket_bytes: int, verify: bool) -> dict[str, float]:
         refs = [
@@ -173,6 +177,9 @@ class RayRolloutFleet:
     def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
         return self._all([self.engines[0].prompt_logprobs.remote(prompts)], self.names[:1])[0]
 
+    def served_dtype(self) -> str:
+        return self._all([self.engines[0].served_dtype.remote()], self.names[:1])[0]
+
     def sleep(self) -> None:
         self._all([e.sleep.remote() for e in self.engines])
 
@@ -194,7 +201,7 @@ class RayRuntime:
         policy_dir: Path,
         run_dir: Path,
         seed: int,
-        threads: int,
+        threads: ThreadPlan,
         reference: bool,
     ) -> None:
         import ray
@@ -223,7 +230,7 @@ class RayRuntime:
         count: int,
         groups: int,
         seed: int,
-        threads: int,
+        threads: ThreadPlan,
     ) -> None:
         import ray
 
@@ -239,7 +246,7 @@ class RayRuntime:
             bundles = self.bundles[offset : offset + world]
             workers = [
                 learner_cls.options(**actor_options(b, rcfg.cpus_per_bundle * share, share if on_gpu else 0)).remote(
-                    r, world, threads
+                    r, world, threads.learner
                 )
                 for r, b in enumerate(bundles)
             ]
@@ -260,7 +267,9 @@ class RayRuntime:
         self.learner = learner_group(0)
         self.ref_learner = learner_group(world) if groups == 2 else None
         engines = []
-        for bundles in replica_bundles:
+        per_replica = len(threads.engine_cores) // replicas  # disjoint core slices on a CPU node
+        for i, bundles in enumerate(replica_bundles):
+            cores = threads.engine_cores[i * per_replica : (i + 1) * per_replica]
             head = bundles[0]
             if on_gpu and tp > 1:  # vLLM's Ray workers take the GPU shares; the actor only drives them
                 opts = actor_options(head, rcfg.cpus_per_bundle * share, 0, capture=True)
@@ -271,7 +280,9 @@ class RayRuntime:
                 ray_bundles = [b.index for b in bundles]
             else:
                 opts, ray_bundles = actor_options(head, rcfg.cpus_per_bundle * share, share if on_gpu else 0), None
-            engines.append(engine_cls.options(**opts).remote(rc, str(policy_dir), lc.bf16, threads, ray_bundles))
+            engines.append(
+                engine_cls.options(**opts).remote(rc, str(policy_dir), lc.bf16, threads.engine, ray_bundles, cores)
+            )
         self.fleet = RayRolloutFleet(engines, [r[0].node for r in replica_bundles], rc.timeout_s)
         learner_gpus: list[str] = []
         if on_gpu and any(r.transport == "cuda_ipc" for r in self.routes):  # by physical GPU, not bundle index
