@@ -78,8 +78,10 @@ def test_the_replay_buffer_and_rng_states_come_back_from_plain_data(tmp_path):
 
     completion = Completion(7, [5, 6, 2], [-0.5, -1.25, -0.125], "stop", 3, [(0, 2), (2, 3)])
     buffer = [(7, [Sample(True, 1.0, 3, completion, 3), Sample(False, 0.0, 2, None, 4)], 5, 1)]
-    state = {"scheduler": {"buffer": buffer, "state": {0: "active", 7: "deferred"}, "prior": [0.5, np.float64(0.25)]},
-             "loop": {"step": 9}}
+    state = {
+        "scheduler": {"buffer": buffer, "state": {0: "active", 7: "deferred"}, "prior": [0.5, np.float64(0.25)]},
+        "loop": {"step": 9},
+    }
     np.random.seed(3)
     save_checkpoint(tmp_path, 9, state, keep_last=1)
     expected_draw = np.random.rand()

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from pc_megatron.batch import TokenBatch
-from pc_megatron.learner import Learner, LearnerConfig
-from pc_megatron.learner import precision
+from pc_megatron.learner import Learner, LearnerConfig, precision
 
 HAS_UNITS = bool(precision.cpu_bf16_units()) and not torch.cuda.is_available()
 

@@ -39,11 +39,26 @@ def test_secrets_never_travel_in_rays_runtime_environment():
     """Ray stores and shows the runtime environment: settings go, credentials do not."""
     from pc_megatron.runtime.ray_cluster import forwarded_env
 
-    environ = {"HF_HOME": "/cache/hf", "HF_HUB_OFFLINE": "1", "HF_TOKEN": "hf_x", "HUGGING_FACE_HUB_TOKEN": "hf_y",
-               "VLLM_API_KEY": "k", "VLLM_USE_V1": "1", "NCCL_SOCKET_IFNAME": "eth0", "RAY_AUTH_TOKEN": "t",
-               "PC_MEGATRON_CACHE": "/c", "AWS_SECRET_ACCESS_KEY": "s", "WANDB_API_KEY": "w"}
-    assert forwarded_env(environ) == {"HF_HOME": "/cache/hf", "HF_HUB_OFFLINE": "1", "VLLM_USE_V1": "1",
-                                      "NCCL_SOCKET_IFNAME": "eth0", "PC_MEGATRON_CACHE": "/c"}
+    environ = {
+        "HF_HOME": "/cache/hf",
+        "HF_HUB_OFFLINE": "1",
+        "HF_TOKEN": "hf_x",
+        "HUGGING_FACE_HUB_TOKEN": "hf_y",
+        "VLLM_API_KEY": "k",
+        "VLLM_USE_V1": "1",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "RAY_AUTH_TOKEN": "t",
+        "PC_MEGATRON_CACHE": "/c",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "WANDB_API_KEY": "w",
+    }
+    assert forwarded_env(environ) == {
+        "HF_HOME": "/cache/hf",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_USE_V1": "1",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "PC_MEGATRON_CACHE": "/c",
+    }
 
 
 def test_joining_a_cluster_without_its_token_is_one_clear_error_and_a_local_run_makes_its_own(tmp_path, monkeypatch):

@@ -93,7 +93,8 @@ def test_the_run_records_what_auto_became_and_a_resume_that_resolves_otherwise_i
     cfg = load_config("tiny", [*SMALL, "steps=1", "checkpoint.every_steps=1", "learner.bf16=auto"])
     train(cfg, run_dir)
     text = (run_dir / "config.yaml").read_text()
-    assert text.splitlines()[0].startswith("# resolved when the run started, on this machine: learner.bf16=auto -> true")
+    first = text.splitlines()[0]
+    assert first.startswith("# resolved when the run started, on this machine: learner.bf16=auto -> true")
     assert "  bf16: auto\n" in text
     saved = load_config(str(run_dir / "config.yaml"), ["steps=2"])
     assert saved.learner.bf16 == "auto"
