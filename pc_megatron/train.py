@@ -116,7 +116,9 @@ def train(
             dropped = f"prompts over data.max_prompt_tokens={cfg.data.max_prompt_tokens}, left out: {task.dropped}"
             print(dropped, flush=True)
         resume_step = found[0]["loop"]["step"] if found is not None else -1
-        trackers = Trackers(cfg.loggers, run_dir, leaf_values(cfg), resume_step)  # before any process starts
+        trackers = Trackers(
+            cfg.loggers, run_dir, leaf_values(given) | resolved.params(), resume_step
+        )  # before any process starts
         stack.push(lambda kind, _e, _tb: trackers.close(_tracker_status(kind)))
         stop = stack.enter_context(StopRequests())
         rewards = stack.enter_context(RewardPool(cfg.reward))

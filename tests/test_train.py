@@ -89,7 +89,9 @@ def test_mlflow_holds_every_metric_of_the_run_at_its_steps_and_the_config_as_par
     # the file store names a metric by a file: "/" in a key becomes "." there (pc_megatron/trackers.py)
     assert mlflow_history(uri, run.info.run_id) == tracked(read_metrics(run_dir), lambda k: k.replace("/", "."))
     config = leaf_values(read_run_config(run_dir / "config.yaml"))
-    assert run.data.params == {k: str(v) for k, v in config.items()}
+    resolved = {k: v for k, v in run.data.params.items() if k.startswith("resolved.")}
+    assert {k: v for k, v in run.data.params.items() if k not in resolved} == {k: str(v) for k, v in config.items()}
+    assert config["threads"] == "auto" and int(resolved["resolved.threads"]) >= 1  # what auto became, beside it
     assert [a.path for a in MlflowClient(uri).list_artifacts(run.info.run_id, "eval_samples")] == [
         "eval_samples/step_000000.json",
         "eval_samples/step_000002.json",

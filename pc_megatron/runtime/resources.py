@@ -119,6 +119,14 @@ class Resolved:
     bf16_why: str
     threads: ThreadPlan
 
+    def params(self) -> dict[str, object]:
+        """The resolved values as tracker parameters, beside the config's own (which may say ``auto``)."""
+        return {
+            "resolved.learner.bf16": self.bf16,
+            "resolved.threads": self.threads.learner,
+            "resolved.rollout.threads": self.threads.engine,
+        }
+
     def lines(self) -> list[str]:
         out = [f"learner precision: {'bf16' if self.bf16 else 'fp32'} ({self.bf16_why})", self.threads.describe()]
         if self.threads.oversubscribed:

@@ -1,0 +1,136 @@
+"""Update cost of recipes side by side: each variant a ``pc-megatron train`` run of a few updates, one
+after the other on the same machine (never two at once: two torch jobs on two cores slow each other far
+more than twice), then the figures per variant and their ratios to the first.
+
+    python tools/speed_bench.py --out runs/speed --steps 6 \\
+        --variant shipped@d94a7eb:smollm2-arith --variant now:smollm2-arith \\
+        -- eval.num_prompts=50 eval.every_steps=1000 checkpoint.every_steps=1000
+
+A variant is ``NAME[@REV]:RECIPE[,key=value,...]``: with ``@REV`` the run uses the package and the
+recipes of that git revision (a worktree in ``OUT/src/REV``), so a recipe "as shipped" then is what
+runs; the overrides after ``--`` go to every variant (same B x n, token limits, held-out set). The
+cache (model conversion, warm-start) is shared. ``--rounds R`` repeats the variants in turn (ABAB).
+
+Per variant: the median wall time of an update (every step but the first, whose figures carry
+start-up), its phases, the generated and trained tokens per second of step time (tokens, so that
+shorter answers do not pass for speed) and the mean answer length. Writes ``OUT/speed_bench.json`` and
+``OUT/speed_bench.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pc_megatron.observability import read_metrics  # noqa: E402
+
+PHASES = ("rollout", "reward", "logprob", "train", "optimizer", "sync")
+
+
+def parse_variant(text: str) -> tuple[str, str | None, str, list[str]]:
+    head, _, spec = text.partition(":")
+    name, _, rev = head.partition("@")
+    recipe, *overrides = spec.split(",")
+    return name, rev or None, recipe, overrides
+
+
+def source_dir(out: Path, rev: str | None) -> Path:
+    """The checkout a variant runs: this one, or a worktree of ``rev``."""
+    if rev is None:
+        return ROOT
+    where = out / "src" / rev
+    if not where.is_dir():
+        where.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), rev], check=True)
+    return where
+
+
+def run(out: Path, variant: str, rnd: int, steps: int, common: list[str]) -> Path:
+    name, rev, recipe, overrides = parse_variant(variant)
+    run_dir = out / f"round{rnd}" / name
+    if (run_dir / "summary.json").is_file():
+        return run_dir
+    src = source_dir(out, rev)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cmd = [sys.executable, "-m", "pc_megatron.cli", "train", recipe, *overrides, *common, f"steps={steps}"]
+    cmd += ["progress=false", f"out_dir={run_dir.parent}", f"name={run_dir.name}"]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[{name} round {rnd}] {' '.join(cmd[3:])}  (code: {src})", flush=True)
+    with open(run_dir.parent / f"{name}.log", "w") as log:
+        subprocess.run(cmd, env=env, cwd=src, stdout=log, stderr=subprocess.STDOUT, check=True)
+    return run_dir
+
+
+def figures(run_dirs: list[Path]) -> dict:
+    rows = [r for d in run_dirs for r in read_metrics(d) if r["step"] >= 2]
+    step_s = [r["time_step_s"] for r in rows]
+    generated = sum(r["generated_tokens"] for r in rows)
+    trained = sum(r["sched/step_tokens_trained"] for r in rows)
+    total_s = sum(step_s)
+    return {
+        "updates": len(rows),
+        "median_update_s": statistics.median(step_s),
+        "min_update_s": min(step_s),
+        "max_update_s": max(step_s),
+        "phases_s": {p: statistics.median(r.get(f"time_{p}_s", 0.0) for r in rows) for p in PHASES},
+        "tokens_per_s": (generated + trained) / total_s,
+        "generated_tokens_per_s": generated / total_s,
+        "response_len_mean": statistics.mean(r["response_len_mean"] for r in rows),
+        "logprob_mismatch_max": max(r.get("logprob_mismatch_max", 0.0) for r in rows),
+    }
+
+
+def report(out: Path, variants: list[str], results: dict, common: list[str]) -> str:
+    base = results[parse_variant(variants[0])[0]]
+    lines = [
+        f"Overrides for every variant: `{' '.join(common)}`",
+        "",
+        "| variant | updates | median update (min-max) | vs first | tokens/s (gen + trained) | vs first | "
+        "answer length | " + " | ".join(PHASES) + " | max log-prob mismatch |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(PHASES) + "---|",
+    ]
+    for variant in variants:
+        name = parse_variant(variant)[0]
+        f = results[name]
+        lines.append(
+            f"| `{variant}` | {f['updates']} | {f['median_update_s']:.1f} s ({f['min_update_s']:.1f}-"
+            f"{f['max_update_s']:.1f}) | {f['median_update_s'] / base['median_update_s']:.2f}x | "
+            f"{f['tokens_per_s']:.0f} | {f['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
+            f"{f['response_len_mean']:.1f} | "
+            + " | ".join(f"{f['phases_s'][p]:.1f}" for p in PHASES)
+            + f" | {f['logprob_mismatch_max']:.3g} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--variant", action="append", required=True, help="NAME[@REV]:RECIPE[,key=value,...]")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("common", nargs="*", help="overrides for every variant (after --)")
+    args = ap.parse_args()
+    args.out = args.out.resolve()  # the runs start in their own checkout
+    dirs: dict[str, list[Path]] = {}
+    for rnd in range(args.rounds):
+        for variant in args.variant:
+            dirs.setdefault(parse_variant(variant)[0], []).append(run(args.out, variant, rnd, args.steps, args.common))
+    results = {name: figures(d) for name, d in dirs.items()}
+    (args.out / "speed_bench.json").write_text(json.dumps(results, indent=2))
+    text = report(args.out, args.variant, results, args.common)
+    (args.out / "speed_bench.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
