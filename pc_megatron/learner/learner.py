@@ -14,6 +14,7 @@ however the batch is cut. Every rank passes the same batch and plans the same mi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -71,6 +72,9 @@ class Learner:
         self.align = alignment(cfg.tensor_parallel_size, cfg.sequence_parallel, bool(cfg.fp8))
         self._pass_stats: dict[str, dict[str, float]] = {}
         self._oversize_said = False
+        self._picked: torch.Tensor | None = None  # the positions the output layer computes (_pick_hidden)
+        if self.parallel.last_stage:
+            module.output_layer.register_forward_pre_hook(self._pick_hidden, with_kwargs=True)
 
     # ----------------------------------------------------------------- weights
     @property
@@ -137,23 +141,55 @@ class Learner:
             )
         return plan, lengths
 
-    def _token_logp(self, logits: torch.Tensor, mb: MicroBatchInput, temperature: float):
-        """``(log p(next token), entropy)`` each ``(b, columns)`` per row at the sampling temperature,
-        through kernels.grpo_loss (fused Triton kernel or its torch reference)."""
-        v = logits.shape[-1]
-        # every position is scored (a dummy target past the end) so the logits are never copied
-        logp, entropy = logprob_entropy(
-            logits.reshape(-1, v), mb.targets().reshape(-1), temperature, self.cfg.loss_impl
-        )
-        shape = logits.shape[:-1]
-        return mb.per_row(logp.view(shape)), mb.per_row(entropy.view(shape))
+    def _scored(self, mb: MicroBatchInput, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scored, picked)``: which ``(b, columns)`` row positions get a log-prob (those the batch's
+        ``(N, S-1)`` loss ``mask`` trains; every position of a row it trains none of), and their places
+        in the micro-batch's flattened ``(b * width)`` model positions."""
+        positions = torch.arange(mb.tokens.numel(), device=mb.tokens.device).view(mb.tokens.shape)
+        where = mb.per_row(positions)
+        scored = mask[mb.rows, : mb.columns] != 0
+        scored |= ~scored.any(1, keepdim=True)  # a row with nothing trained: all of it (see TokenBatch.lengths)
+        scored &= torch.arange(mb.columns)[None, :] < (mb.lengths - 1)[:, None]
+        scored = scored.to(mb.tokens.device)
+        return scored, where[scored]
 
-    def _run(self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...], kind: str) -> dict:
+    def _pick_hidden(self, module, args, kwargs):
+        """Forward pre-hook of the output layer: only the hidden states of the picked positions reach
+        it (``(s, b, h)`` -> ``(P, 1, h)``), as Megatron's own inference keeps only the last token's.
+        The output layer is a fifth of a 135M model's matmul work and an RL row's prompt most of it."""
+        if self._picked is None:
+            return None
+        hidden = args[0]
+        flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])  # (b * s, h), the logits' order
+        return (flat[self._picked][:, None, :], *args[1:]), kwargs
+
+    def _token_logp(
+        self, logits: torch.Tensor, mb: MicroBatchInput, temperature: float, scored: torch.Tensor, picked: torch.Tensor
+    ):
+        """``(log p(next token), entropy)`` each ``(b, columns)`` per row at the sampling temperature,
+        through kernels.grpo_loss (fused Triton kernel or its torch reference), at the ``scored``
+        positions (``_scored``), zero elsewhere. ``logits``: ``(1, P, V)``, a row per picked position
+        (``_pick_hidden`` ran), or the model's whole ``(b, width, V)``."""
+        v = logits.shape[-1]
+        flat = logits.reshape(-1, v)
+        if logits.shape[:-1] == mb.tokens.shape:  # the whole micro-batch's logits: take the scored ones
+            flat = flat[picked]
+        targets = mb.targets().reshape(-1)[picked]
+        logp_picked, entropy_picked = logprob_entropy(flat, targets, temperature, self.cfg.loss_impl)
+        logp = torch.zeros(scored.shape, dtype=logp_picked.dtype, device=logits.device)
+        entropy = torch.zeros(scored.shape, dtype=entropy_picked.dtype, device=logits.device)
+        return logp.index_put((scored,), logp_picked), entropy.index_put((scored,), entropy_picked)
+
+    def _run(
+        self, batch: TokenBatch, loss_fn: Callable, keys: tuple[str, ...], kind: str, scoring: bool = True
+    ) -> dict:
         """Run this rank's micro-batches of ``batch`` through Megatron's schedule (``kind``: 'train'
-        with a backward pass, else forward only). ``loss_fn(mb, logits) -> (loss_sum, units,
-        {key: sum})`` runs on the last stage, ``mb`` a ``MicroBatchInput``; Megatron divides the
-        gradients by the units summed over micro-batches and data-parallel ranks. The sums come back
-        on every rank."""
+        with a backward pass, else forward only). ``loss_fn(mb, token_logp) -> (loss_sum, units,
+        {key: sum})`` runs on the last stage, ``mb`` a ``MicroBatchInput``, ``token_logp(temperature)``
+        its ``(log-probs, entropies)`` at the positions ``_scored`` picks (the output layer computes only
+        those) or, with ``scoring`` False, ``loss_fn(mb, logits)`` with the whole logits. Megatron
+        divides the gradients by the units summed over micro-batches and data-parallel ranks. The sums
+        come back on every rank."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         budget = self.cfg.max_tokens_per_micro_batch
@@ -167,14 +203,25 @@ class Learner:
 
         def forward_step(data_iterator, model):
             mb = MicroBatchInput(batch.tokens, lengths, next(data_iterator), self.device, causal_mask)
+            scored, picked = self._scored(mb, batch.loss_mask) if scoring else (None, None)
 
             def loss_func(logits):
-                loss, count, extra = loss_fn(mb, logits)
+                if scoring:
+                    given = functools.partial(self._token_logp, logits, mb, scored=scored, picked=picked)
+                    loss, count, extra = loss_fn(mb, lambda temperature: given(temperature))
+                else:
+                    loss, count, extra = loss_fn(mb, logits)
                 values = [loss.detach(), count, *(extra[k] for k in keys)]
                 parts.append(torch.stack([torch.as_tensor(v, device=self.device).double() for v in values]))
                 return loss, torch.as_tensor(count).to(torch.int).to(self.device), {}
 
-            logits = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
+            # the output layer sees only the scored positions (not under sequence parallelism, whose
+            # output layer gathers the sequence itself)
+            self._picked = picked if scoring and not self.cfg.sequence_parallel else None
+            try:
+                logits = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
+            finally:
+                self._picked = None
             return logits, loss_func
 
         if mine:
@@ -212,18 +259,22 @@ class Learner:
         training never materialises more than one micro-batch of logits)."""
         batch = TokenBatch(tokens, torch.zeros(tokens.shape[0], tokens.shape[1] - 1))
         shape = (tokens.shape[1], self.arch.vocab_size)
-        return self._per_row(batch, shape, lambda mb, logits: mb.per_row(logits, extra=1))
+        return self._per_row(batch, shape, lambda mb, logits: mb.per_row(logits, extra=1), scoring=False)
 
     def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
-        """``(N, S-1) float32`` log-probs of each next token under the current policy (0 past a row's
-        last trained position: see ``TokenBatch.lengths``)."""
+        """``(N, S-1) float32`` log-probs of each next token under the current policy where the batch's
+        loss mask trains it (every position of a row it trains none of, up to its length), 0 elsewhere:
+        only those positions reach the output layer (``_scored``)."""
         width = (batch.tokens.shape[1] - 1,)
-        return self._per_row(batch, width, lambda mb, logits: self._token_logp(logits, mb, temperature)[0])
+        return self._per_row(batch, width, lambda mb, token_logp: token_logp(temperature)[0])
 
     @torch.no_grad()
-    def _per_row(self, batch: TokenBatch, shape: tuple[int, ...], value: Callable) -> torch.Tensor:
-        """``(N, *shape) float32``: ``value(mb, logits) -> (b, columns, ...)`` of every micro-batch,
-        forward only, gathered into one tensor on every rank (zeros past each row's columns)."""
+    def _per_row(
+        self, batch: TokenBatch, shape: tuple[int, ...], value: Callable, scoring: bool = True
+    ) -> torch.Tensor:
+        """``(N, *shape) float32``: ``value(mb, token_logp or logits) -> (b, columns, ...)`` of every
+        micro-batch (``_run``'s ``scoring``), forward only, gathered into one tensor on every rank (zeros
+        past each row's columns)."""
         self.model.eval()
         out = torch.zeros(len(batch), *shape)
 
@@ -232,7 +283,7 @@ class Learner:
             out[mb.rows, : got.shape[1]] = got
             return torch.zeros((), device=self.device), 0, {}
 
-        self._run(batch, loss_fn, (), kind="logprob")
+        self._run(batch, loss_fn, (), kind="logprob", scoring=scoring)
         return self.parallel.collect(out, self.device)
 
     # ----------------------------------------------------------------- updates
@@ -282,8 +333,8 @@ class Learner:
         """One optimizer step of token-mean cross-entropy on the masked tokens."""
         mask = batch.loss_mask.to(self.device)
 
-        def loss_fn(mb, logits):
-            logp, _ = self._token_logp(logits, mb, 1.0)
+        def loss_fn(mb, token_logp):
+            logp, _ = token_logp(1.0)
             m = mask[mb.rows.to(self.device), : mb.columns]
             return (-logp * m).sum(), m.sum(), {"tokens": m.sum()}
 
@@ -311,13 +362,13 @@ class Learner:
         check_inputs(loss_cfg, behaviour_logp is not None)
         own = torch.zeros(batch.loss_mask.shape) if old_logp is None else None
 
-        def loss_fn(mb, logits):
+        def loss_fn(mb, token_logp):
             rows, k = mb.rows, mb.columns
 
             def cut(t: torch.Tensor | None) -> torch.Tensor | None:
                 return None if t is None else t[rows, :k].to(self.device)
 
-            logp, entropy = self._token_logp(logits, mb, temperature)
+            logp, entropy = token_logp(temperature)
             if own is not None:
                 own[rows, :k] = logp.detach().float().cpu()
             old = logp.detach() if own is not None else cut(old_logp)

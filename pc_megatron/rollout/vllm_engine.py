@@ -186,7 +186,7 @@ class VllmEngine:
                 max_model_len=v.max_model_len or None,
                 max_num_seqs=v.max_num_seqs,
                 enable_prefix_caching=v.enable_prefix_caching,
-                enforce_eager=v.enforce_eager or not self.on_gpu,
+                enforce_eager=v.enforce_eager or (not self.on_gpu and not v.cpu_compile),
                 seed=0,
                 worker_extension_cls=EXTENSION,
                 logprobs_mode="processed_logprobs",
