@@ -45,7 +45,7 @@ def test_a_config_yaml_edited_by_hand_is_refused_on_resume_naming_the_key(finish
     fixed keys catches an edit of the file itself."""
     saved = finished_run / "config.yaml"
     before = saved.read_text()
-    assert before.startswith("seed: 0\n")
+    assert "\nseed: 0\n" in before  # under the first line, which says what auto became
     try:
         saved.write_text(before.replace("seed: 0", "seed: 5", 1))
         assert main(["train", "--resume", str(finished_run), "steps=3"]) == 2

@@ -13,7 +13,7 @@
 set -euo pipefail
 OUT=${1:?usage: async_bench.sh OUT LEVEL...}
 shift
-SPLIT="runtime=ray ray.placement=split rollout.backend=vllm threads=1"
+SPLIT="runtime=ray ray.placement=split rollout.backend=vllm"  # threads: auto (the placement's share)
 for level in "$@"; do
   case "$level" in
     tiny) python tools/async_bench.py --out "$OUT/tiny" --seeds 0 1 2 --etas 0 1 -- tiny $SPLIT ;;
@@ -22,16 +22,16 @@ for level in "$@"; do
     policies)
       for policy in pilot_commit adaptive; do
         python tools/async_bench.py --out "$OUT/$policy" --seeds 0 1 2 --etas 0 1 -- tiny \
-          scheduler.policy=$policy threads=1
+          scheduler.policy=$policy
       done ;;
     control)
       python tools/async_bench.py --out "$OUT/control" --seeds 0 1 2 --variants \
         tis:rollout.max_staleness=4,algo.loss.correction=tis none:rollout.max_staleness=4,algo.loss.correction=none \
-        -- tiny threads=1 ;;
+        -- tiny ;;
     stream)
       python tools/async_bench.py --out "$OUT/stream" --seeds 0 1 2 --variants barrier:scheduler.stream=false \
         stream:scheduler.stream=true -- tiny scheduler.policy=pilot_commit scheduler.bind=false \
-        rollout.backend=vllm rollout.max_new_tokens=24 threads=1 steps=40 ;;
+        rollout.backend=vllm rollout.max_new_tokens=24 steps=40 ;;
     *) echo "unknown level $level" >&2; exit 2 ;;
   esac
 done

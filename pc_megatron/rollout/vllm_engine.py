@@ -20,7 +20,6 @@ own (``ray.placement=split``) never sleep.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ import torch
 from pc_megatron.errors import ConfigError
 from pc_megatron.phases import phase_range
 from pc_megatron.rollout.base import Completion, OnPrompt, RolloutConfig, SamplingParams, sample_seed
+from pc_megatron.rollout.vllm_cpu import cpu_thread_binding, environ
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
 from pc_megatron.weight_sync.transport import make_sender, push_weights
 
@@ -74,36 +74,6 @@ def _eos_ids(model_dir: Path) -> list[int]:
     if not ids:
         raise ConfigError(f"{model_dir}: no eos_token_id in config.json or generation_config.json")
     return sorted(set(ids))
-
-
-def cpu_thread_binding(tensor_parallel_size: int, cores: list[int] | None = None) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tensor_parallel_size`` CPU workers: this process's cores
-    in equal, disjoint slices (``"0|1"``, ``"0,1|2,3"``). vLLM's own ``auto`` binding wants one NUMA
-    node per worker, which a one-socket machine does not have."""
-    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
-    if len(cores) < tensor_parallel_size:
-        raise ConfigError(
-            f"rollout.vllm.tensor_parallel_size={tensor_parallel_size} on CPU needs a core per worker, "
-            f"this process may use {len(cores)}: lower it, or set VLLM_CPU_OMP_THREADS_BIND yourself"
-        )
-    per = len(cores) // tensor_parallel_size
-    return "|".join(",".join(map(str, cores[w * per : (w + 1) * per])) for w in range(tensor_parallel_size))
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    """``values`` in this process's environment for the block (the engine's worker processes inherit
-    them when they start), then as they were."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, old in before.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
 
 
 class _NoTokenizerWarmup(logging.Filter):
@@ -177,7 +147,7 @@ class VllmEngine:
             os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, ray_bundles))
             kwargs.update(distributed_executor_backend="ray")
         quiet_tokenizer_warmup()
-        with _environ(env):
+        with environ(env):
             self.llm = LLM(
                 model=str(self.model_dir),
                 skip_tokenizer_init=True,  # token ids in and out; the project owns tokenization

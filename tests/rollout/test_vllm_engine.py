@@ -347,7 +347,7 @@ def test_a_sleeping_engine_wakes_its_kv_cache_only_when_it_generates_again():
 
 def test_cpu_workers_of_one_engine_get_disjoint_cores():
     from pc_megatron.errors import ConfigError
-    from pc_megatron.rollout.vllm_engine import cpu_thread_binding
+    from pc_megatron.rollout.vllm_cpu import cpu_thread_binding
 
     assert cpu_thread_binding(2, [0, 1]) == "0|1"
     assert cpu_thread_binding(2, [0, 1, 2, 3, 4]) == "0,1|2,3"
