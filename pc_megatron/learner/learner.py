@@ -216,8 +216,8 @@ class Learner:
                 return loss, torch.as_tensor(count).to(torch.int).to(self.device), {}
 
             # the output layer sees only the scored positions (not under sequence parallelism, whose
-            # output layer gathers the sequence itself)
-            self._picked = picked if scoring and not self.cfg.sequence_parallel else None
+            # output layer gathers the sequence itself, nor FP8, whose GEMMs want aligned row counts)
+            self._picked = picked if scoring and not (self.cfg.sequence_parallel or self.cfg.fp8) else None
             try:
                 logits = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
             finally:

@@ -71,3 +71,25 @@ def test_bf16_learner_keeps_fp32_main_parameters_and_follows_fp32(tiny_model_dir
     assert full.norm() > 0.1  # the steps moved the weights: the comparison is not vacuous
     assert torch.nn.functional.cosine_similarity(full, mixed, dim=0) > 0.98
     assert (mixed - full).norm() / full.norm() < 0.15
+
+
+def test_only_trained_positions_reach_the_output_layer_and_their_logprobs_are_the_full_logits(tiny_model_dir):
+    """The learner's log-probs come from an output layer that sees only the positions a loss reads (a
+    row with nothing trained: all of it); at those positions they equal the log-softmax of the whole
+    logits, and every other position is 0."""
+    learner = Learner(tiny_model_dir, LearnerConfig(micro_batch_size=2, max_tokens_per_micro_batch=0), seed=0)
+    tokens = torch.randint(2, 23, (3, 10), generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(3, 9)
+    mask[0, 4:9] = 1
+    mask[1, 6:8] = 1  # row 2 trains nothing: every position is scored
+    rows_seen = []
+    hook = learner.module.output_layer.register_forward_hook(lambda m, a, out: rows_seen.append(out[0].shape[0]))
+    logp = learner.logprobs(TokenBatch(tokens, mask))
+    hook.remove()
+    assert sum(rows_seen) == 5 + 2 + 9  # not 3 x 10
+    full = torch.log_softmax(learner.forward_logits(tokens).double(), -1)[:, :-1]
+    want = full.gather(-1, tokens[:, 1:, None]).squeeze(-1).float()
+    scored = mask != 0
+    scored[2] = True
+    assert torch.allclose(logp[scored], want[scored], atol=1e-5)
+    assert logp[~scored].abs().max() == 0
