@@ -164,15 +164,21 @@ class Learner:
         return (flat[self._picked][:, None, :], *args[1:]), kwargs
 
     def _token_logp(
-        self, logits: torch.Tensor, mb: MicroBatchInput, temperature: float, scored: torch.Tensor, picked: torch.Tensor
+        self,
+        logits: torch.Tensor,
+        mb: MicroBatchInput,
+        temperature: float,
+        scored: torch.Tensor,
+        picked: torch.Tensor,
+        prepicked: bool,
     ):
         """``(log p(next token), entropy)`` each ``(b, columns)`` per row at the sampling temperature,
         through kernels.grpo_loss (fused Triton kernel or its torch reference), at the ``scored``
         positions (``_scored``), zero elsewhere. ``logits``: ``(1, P, V)``, a row per picked position
-        (``_pick_hidden`` ran), or the model's whole ``(b, width, V)``."""
+        (``prepicked``: ``_pick_hidden`` ran), or the model's whole ``(b, width, V)``."""
         v = logits.shape[-1]
         flat = logits.reshape(-1, v)
-        if logits.shape[:-1] == mb.tokens.shape:  # the whole micro-batch's logits: take the scored ones
+        if not prepicked:  # the whole micro-batch's logits: take the scored ones
             flat = flat[picked]
         targets = mb.targets().reshape(-1)[picked]
         logp_picked, entropy_picked = logprob_entropy(flat, targets, temperature, self.cfg.loss_impl)
@@ -204,20 +210,23 @@ class Learner:
         def forward_step(data_iterator, model):
             mb = MicroBatchInput(batch.tokens, lengths, next(data_iterator), self.device, causal_mask)
             scored, picked = self._scored(mb, batch.loss_mask) if scoring else (None, None)
+            # the output layer sees only the scored positions (not under sequence parallelism, whose
+            # output layer gathers the sequence itself, nor FP8, whose GEMMs want aligned row counts)
+            prepick = scoring and not (self.cfg.sequence_parallel or self.cfg.fp8)
 
             def loss_func(logits):
                 if scoring:
-                    given = functools.partial(self._token_logp, logits, mb, scored=scored, picked=picked)
-                    loss, count, extra = loss_fn(mb, lambda temperature: given(temperature))
+                    token_logp = functools.partial(
+                        self._token_logp, logits, mb, scored=scored, picked=picked, prepicked=prepick
+                    )
+                    loss, count, extra = loss_fn(mb, token_logp)
                 else:
                     loss, count, extra = loss_fn(mb, logits)
                 values = [loss.detach(), count, *(extra[k] for k in keys)]
                 parts.append(torch.stack([torch.as_tensor(v, device=self.device).double() for v in values]))
                 return loss, torch.as_tensor(count).to(torch.int).to(self.device), {}
 
-            # the output layer sees only the scored positions (not under sequence parallelism, whose
-            # output layer gathers the sequence itself, nor FP8, whose GEMMs want aligned row counts)
-            self._picked = picked if scoring and not (self.cfg.sequence_parallel or self.cfg.fp8) else None
+            self._picked = picked if prepick else None
             try:
                 logits = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
             finally:
