@@ -21,7 +21,6 @@ The simulation holds the policy still, so it speaks of a run's first epoch; lear
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import time
@@ -29,18 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pc_megatron.commands import add_recipe_arguments, recipe_and_overrides
-from pc_megatron.scheduler import POLICIES as SCHEDULER_POLICIES
-from pc_megatron.scheduler import SchedulerConfig
-from pc_megatron.scheduler.belief import _FLAT, GRID
-from pc_megatron.scheduler.simulate import simulate
-from pc_megatron.stats import percentile_interval
+from pc_megatron.scheduler.belief import GRID
+from pc_megatron.scheduler.regime import COSTS, POLICIES, analyse, by_level, degenerate_share, histogram
 
 if TYPE_CHECKING:
     from pc_megatron.config import RunConfig
-
-POLICIES = tuple(SCHEDULER_POLICIES)
-NS = (8, 16, 32, 64)
-COSTS = ("per_informative_group", "per_update")  # what the simulation reports of each policy
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +48,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--steps", type=int, default=40, help="steps of each policy simulated on the fitted pool")
     p.add_argument("--bootstrap", type=int, default=20, help="resamples of the prompts for the intervals")
+    p.add_argument(
+        "--split",
+        choices=("train", "eval"),
+        default="train",
+        help="prompts from the training pool (what the first step sees) or the held-out set (the skill before "
+        "and after a run, with --model)",
+    )
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="sample from this Hugging Face folder (e.g. a run's `convert --to hf` output) instead of the recipe's "
+        "starting policy",
+    )
     p.add_argument("--out", metavar="DIR", help="write survey.json here")
     p.add_argument(
         "--load",
@@ -82,12 +87,12 @@ def run(args: argparse.Namespace) -> int:
                     "again to forecast under another setting, or drop the recipe to print it as saved"
                 )
             cfg = load_config(*recipe_and_overrides(args))
-            kept = {k: res[k] for k in ("rollouts", "tokens", "wall_s") if k in res}
+            kept = {k: res[k] for k in ("rollouts", "tokens", "wall_s", "split", "model", "by_level") if k in res}
             res = forecast(res["correct"], res["samples"], cfg, args.steps, args.bootstrap, kept)
     else:
         cfg = load_config(*recipe_and_overrides(args))
         out = Path(args.out) if args.out else None
-        res = survey(cfg, args.prompts, args.samples, out, args.steps, args.bootstrap)
+        res = survey(cfg, args.prompts, args.samples, out, args.steps, args.bootstrap, args.split, args.model)
     print(format_survey(res))
     if args.against:
         steps = res["recipe"]["steps_simulated"]
@@ -95,90 +100,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def fit_prior(counts: list[tuple[int, int]], iters: int = 300) -> list[float]:
-    """Population prior on ``GRID`` maximising the likelihood of ``(correct, tries)`` per prompt (EM;
-    the binomial coefficient cancels)."""
-    like = [[p**c * (1 - p) ** (k - c) for p in GRID] for c, k in counts]
-    prior = list(_FLAT)
-    for _ in range(iters):
-        acc = [0.0] * len(GRID)
-        for row in like:
-            w = [q * x for q, x in zip(prior, row, strict=True)]
-            total = sum(w) or 1.0
-            for i, x in enumerate(w):
-                acc[i] += x / total
-        prior = [a / len(like) for a in acc]
-    return prior
-
-
-def degenerate_share(prior: list[float], n: int) -> float:
-    """P(an n-sample group is all correct or all wrong) under the fitted prior."""
-    return sum(q * (p**n + (1 - p) ** n) for q, p in zip(prior, GRID, strict=True))
-
-
-def draw_pool(prior: list[float], size: int, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    return rng.choices(GRID, weights=prior, k=size)
-
-
-def allocation(prior: list[float], sched: SchedulerConfig, B: int, n: int, steps: int, seed: int) -> dict[str, dict]:
-    """Each policy on a pool drawn from ``prior``: rollouts per informative trained group and rollouts
-    per update, as ``{"per_informative_group": {policy: v}, "per_update": {policy: v}}``."""
-    rates = draw_pool(prior, max(40 * B, 400), seed)
-    out: dict[str, dict] = {key: {} for key in COSTS}
-    for policy in POLICIES:
-        sim = simulate(rates, dataclasses.replace(sched, policy=policy), steps, B, n, seed)
-        for key in COSTS:
-            out[key][policy] = sim[key]
-    return out
-
-
-def analyse(counts: list[tuple[int, int]], sched: SchedulerConfig, B: int, n: int, steps: int, boots: int, seed: int):
-    """The fit, the degenerate shares and the allocation figures, each with a bootstrap interval."""
-    prior = fit_prior(counts)
-    point = {
-        "degenerate": {m: degenerate_share(prior, m) for m in sorted({*NS, n})},
-        **allocation(prior, sched, B, n, steps, seed),
-    }
-    rng = random.Random(seed)
-    samples: dict[str, list[float]] = {}
-    for b in range(boots):
-        resampled = [counts[rng.randrange(len(counts))] for _ in counts]
-        q = fit_prior(resampled, iters=100)
-        samples.setdefault("degenerate", []).append(degenerate_share(q, n))
-        alloc = allocation(q, sched, B, n, steps, seed + 1 + b)
-        per_group, per_update = alloc["per_informative_group"], alloc["per_update"]
-        for policy in POLICIES:
-            samples.setdefault(policy, []).append(per_group[policy])
-            samples.setdefault(f"{policy}/grpo", []).append(per_group[policy] / per_group["grpo"])
-            samples.setdefault(f"{policy}/grpo per update", []).append(per_update[policy] / per_update["grpo"])
-    intervals = {k: percentile_interval(v) for k, v in samples.items()}
-    per_group = point["per_informative_group"]
-    ratios = {p: per_group[p] / per_group["grpo"] for p in POLICIES}
-    best = min(POLICIES, key=lambda p: per_group[p])
-    lo, hi = intervals[f"{best}/grpo"]
-    if best != "grpo" and hi < 1.0:
-        verdict = (
-            f"{best}: {1 / ratios[best]:.2f}x fewer rollouts per informative group than grpo "
-            f"({1 / hi:.2f}-{1 / lo:.2f})"
-        )
-        u = point["per_update"][best] / point["per_update"]["grpo"]
-        ua, ub = intervals[f"{best}/grpo per update"]
-        verdict += f", at {u:.2f}x grpo's rollouts per update ({ua:.2f}-{ub:.2f})"
-        if u > 1.0:
-            # An allocator buys informative groups with rollouts that no update trains on. That pays where
-            # the number of informative groups limits learning and loses where the number of updates does
-            # (smollm2-arith's pool: docs/results/regime_map.md); the starting policy alone cannot tell which.
-            verdict += ": fewer rollouts to an accuracy only where informative groups, not updates, limit learning"
-    else:
-        verdict = "no policy is clearly better than grpo here (every ratio's interval reaches 1)"
-    return prior, point, intervals, ratios, verdict
-
-
 def survey(
-    cfg: RunConfig, prompts: int, samples: int | None, out: Path | None, steps: int = 40, boots: int = 20
+    cfg: RunConfig,
+    prompts: int,
+    samples: int | None,
+    out: Path | None,
+    steps: int = 40,
+    boots: int = 20,
+    split: str = "train",
+    model: str | None = None,
 ) -> dict:
-    """``samples`` None: the recipe's n, at least 16."""
+    """``samples`` None: the recipe's n, at least 16. ``split``: the pool the prompts come from
+    (``train`` or ``eval``); ``model``: a Hugging Face folder sampled instead of the recipe's
+    starting policy."""
     import torch
 
     if samples is None:
@@ -190,13 +124,24 @@ def survey(
     from pc_megatron.rollout.generate import encode_prompts, generate_and_score
 
     t0 = time.time()
-    from pc_megatron.runtime.resources import plan_threads
+    from pc_megatron.runtime.resources import resolve_run
 
-    torch.set_num_threads(plan_threads(cfg).learner)
+    cfg, resolved = resolve_run(cfg)  # the run's own dtype, threads and engine binding on this machine
+    torch.set_num_threads(cfg.threads)
     prepared = prepare_run(cfg, progress=cfg.progress)
-    rows = random.Random(cfg.seed).sample(prepared.task.train, min(prompts, len(prepared.task.train)))
+    pool = prepared.task.train if split == "train" else prepared.task.eval
+    rows = random.Random(cfg.seed).sample(pool, min(prompts, len(pool)))
     rc = cfg.rollout
-    engine = build_engine(rc, prepared.policy_dir)
+    if model is not None and not (Path(model) / "config.json").is_file():
+        from pc_megatron.errors import ConfigError
+
+        raise ConfigError(f"survey --model {model}: no config.json there; give a Hugging Face model folder")
+    engine = build_engine(
+        rc,
+        Path(model) if model else prepared.policy_dir,
+        learner_bf16=cfg.learner.bf16,
+        cpu_cores=resolved.threads.engine_cores,
+    )
     try:
         with RewardPool(cfg.reward) as rewards:
             tok = prepared.tokenizer
@@ -206,9 +151,24 @@ def survey(
     finally:
         engine.close()
     correct = [0] * len(rows)
+    boxed = [0] * len(rows)
     for c, res in zip(completions, scored.results, strict=True):
         correct[c.prompt_index] += int(res.correct)
-    sampled = {"rollouts": len(completions), "tokens": sum(len(c.token_ids) for c in completions)}
+    if cfg.reward.name == "math_verify":
+        from pc_megatron.rewards.math import last_boxed
+
+        texts = tok.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+        for c, text in zip(completions, texts, strict=True):
+            boxed[c.prompt_index] += last_boxed(text) is not None
+    sampled = {
+        "rollouts": len(completions),
+        "tokens": sum(len(c.token_ids) for c in completions),
+        "split": split,
+        "model": str(model or prepared.policy_dir),
+        "by_level": by_level(
+            rows, correct, boxed if cfg.reward.name == "math_verify" else None, samples, cfg.algo.samples_per_prompt
+        ),
+    }
     result = forecast(correct, samples, cfg, steps, boots, sampled)
     result["wall_s"] = time.time() - t0
     if out is not None:
@@ -231,7 +191,7 @@ def forecast(correct: list[int], samples: int, cfg: RunConfig, steps: int, boots
         "samples": samples,
         **sampled,
         "mean_pass_rate": sum(correct) / (len(correct) * samples),
-        "histogram": _histogram(correct, samples),
+        "histogram": histogram(correct, samples),
         "observed_degenerate_at_k": alike,
         "fitted_degenerate_at_k": degenerate_share(prior, samples),
         "prior": dict(zip(map(str, GRID), prior, strict=True)),
@@ -316,14 +276,12 @@ def format_against(res: dict, runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _histogram(correct: list[int], k: int) -> dict[str, float]:
-    """Shares of prompts by estimated pass rate c/k: 0, (0, 0.1], ... (0.9, 1), 1."""
-    bands = {"0": 0, **{f"<={b / 10:.1f}": 0 for b in range(1, 10)}, "<1": 0, "1": 0}
-    for c in correct:
-        p = c / k
-        key = "0" if c == 0 else "1" if c == k else "<1" if p > 0.9 else f"<={min(int(-(-p * 10 // 1)), 9) / 10:.1f}"
-        bands[key] += 1
-    return {b: v / len(correct) for b, v in bands.items()}
+def format_levels(levels: dict[str, dict[str, float]]) -> list[str]:
+    keys = list(next(iter(levels.values())))
+    lines = ["per level: " + "  ".join(f"{k:>9s}" for k in keys)]
+    for fam, fig in levels.items():
+        lines.append(f"  {fam:7s} " + "  ".join(f"{fig[k]:9d}" if k == "prompts" else f"{fig[k]:9.3f}" for k in keys))
+    return lines
 
 
 def format_survey(res: dict) -> str:
@@ -352,6 +310,9 @@ def format_survey(res: dict) -> str:
             line += f"   | {per_update[p]:6.1f}   x grpo {per_update[p] / per_update['grpo']:.2f} ({ua:.2f}-{ub:.2f})"
         lines.append(line)
     lines.append(f"favoured: {res['verdict']}")
+    if res.get("by_level"):
+        lines.append(f"{res.get('split', 'train')} prompts, sampled from {res.get('model', 'the starting policy')}:")
+        lines.extend(format_levels(res["by_level"]))
     if res["samples"] < n:
         lines.append(
             f"note: {res['samples']} samples a prompt cannot tell a pass rate of 0 from one below 1/{res['samples']}, "
