@@ -16,20 +16,110 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from pc_megatron.algo.config import AlgoConfig
-from pc_megatron.checkpoint import CheckpointConfig
+from pc_megatron.checkpoint.config import CheckpointConfig
 from pc_megatron.data.config import DataConfig
 from pc_megatron.errors import ConfigError, not_one_of, positive, threads_or_auto
-from pc_megatron.evaluate import EvalConfig
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.config import ModelConfig
-from pc_megatron.rewards import RewardConfig
-from pc_megatron.rollout.base import RolloutConfig
-from pc_megatron.runtime.ray_cluster import RayConfig
+from pc_megatron.rewards.config import RewardConfig
+from pc_megatron.rollout.config import RolloutConfig
+from pc_megatron.runtime.config import RayConfig
 from pc_megatron.scheduler import SchedulerConfig
 from pc_megatron.trackers import check_loggers
-from pc_megatron.warmstart import WarmStartConfig
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class EvalSetConfig:
+    """One benchmark of ``eval.sets``."""
+
+    path: str = ""
+    """JSONL/Parquet (flat or verl's schema), a save_to_disk folder or hf://datasets/ORG/NAME/FILE."""
+    name: str = ""
+    """Metric name (``eval/<name>``); empty = the file name without extension."""
+    repeats: int = 1
+    """Samples per prompt: the accuracy is avg@repeats (e.g. 32 for AIME)."""
+    temperature: float | None = None
+    """Sampling temperature; empty = eval.temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling (the recipe validates at temperature 1.0, top-p 0.7)."""
+    max_new_tokens: int = 0
+    """0 = eval.max_new_tokens (or rollout.max_new_tokens)."""
+
+    @property
+    def set_name(self) -> str:
+        return self.name or Path(self.path).stem
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation."""
+
+    sets: list[EvalSetConfig] = field(default_factory=list)
+    """Benchmarks evaluated beside data.eval_path, each logged as ``eval/<name>`` with their
+    mean as ``eval/mean``; without data.eval_path, ``eval_accuracy`` is that mean."""
+
+    every_steps: int = 10
+    """Evaluate every this many RL steps (and at the start and the end)."""
+    num_prompts: int = 0
+    """Held-out prompts used; 0 = all."""
+    samples_per_prompt: int = 1
+    """k: accuracy is the mean over k samples per prompt."""
+    temperature: float = 0.0
+    """0 = greedy (then k should be 1)."""
+    max_new_tokens: int = 0
+    """0 = rollout.max_new_tokens."""
+    log_samples: int = 4
+    """At each evaluation, this many held-out prompts (the first ones, of each set) with their first
+    completion, extracted answer and reward go to ``samples.jsonl`` in the run directory (0 = none)."""
+    expected: bool = True
+    """Also ``eval_expected_accuracy``: the exact expected accuracy of a sample at
+    rollout.temperature (no top-p), P(answer + EOS | prompt) from one teacher-forced learner
+    pass, over the held-out split plus ``data.synthetic.num_eval_expected`` more held-out
+    prompts, family means weighted by the task's mix. Far less noisy than sampled or greedy
+    accuracy over a few hundred prompts; ignores other correct spellings (a slight
+    under-estimate). Embedded task only."""
+
+    def validate(self) -> None:
+        positive("eval.samples_per_prompt", self.samples_per_prompt)
+        positive("eval.every_steps", self.every_steps)  # 0 divided the step count mid-run
+        if self.log_samples < 0:
+            raise ConfigError(f"eval.log_samples must be >= 0 (0 = none), got {self.log_samples}")
+        if self.temperature == 0 and self.samples_per_prompt != 1:
+            raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
+        names = []
+        for i, s in enumerate(self.sets):
+            if not s.path:
+                raise ConfigError(f"eval.sets[{i}]: set its path (a JSONL or Parquet file)")
+            if s.repeats < 1:
+                raise ConfigError(f"eval.sets[{i}].repeats={s.repeats}: must be >= 1")
+            temperature = self.temperature if s.temperature is None else s.temperature
+            if temperature == 0 and s.repeats > 1:
+                raise ConfigError(f"eval.sets[{i}]: repeats > 1 needs a temperature > 0 (greedy samples are identical)")
+            if not 0 < s.top_p <= 1:
+                raise ConfigError(f"eval.sets[{i}].top_p={s.top_p}: must be in (0, 1]")
+            names.append(s.set_name)
+        if len(set(names)) < len(names):
+            raise ConfigError(f"eval.sets: two sets share a name ({names}); give each a name")
+
+
+@dataclass
+class WarmStartConfig:
+    """SFT warm-start on the same learner before RL (cached by its inputs)."""
+
+    enabled: bool = True
+    """Run (or reuse) the warm-start; false = start RL from model.path as is."""
+    steps: int = 3000
+    """SFT optimizer steps."""
+    batch_size: int = 64
+    """Examples per SFT step."""
+    lr: float = 1e-3
+    """SFT learning rate (cosine decay to 10%)."""
+    data_path: str = ""
+    """SFT rows (prompt + answer); empty = the synthetic task's SFT split."""
+    cache_dir: str = ""
+    """Where warm-starts and generated tasks are cached; empty = $PC_MEGATRON_CACHE or ~/.cache/pc-megatron."""
 
 
 @dataclass

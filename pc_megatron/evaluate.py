@@ -5,88 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pc_megatron.data.dataset import PromptRow
-from pc_megatron.errors import ConfigError, positive
 from pc_megatron.rewards.pool import RewardPool
-from pc_megatron.rollout.base import RolloutEngine, SamplingParams
+from pc_megatron.rollout.base import RolloutEngine
+from pc_megatron.rollout.config import SamplingParams
 from pc_megatron.rollout.generate import encode_prompts, generate_and_score
 
-
-@dataclass
-class EvalSetConfig:
-    """One benchmark of ``eval.sets``."""
-
-    path: str = ""
-    """JSONL/Parquet (flat or verl's schema), a save_to_disk folder or hf://datasets/ORG/NAME/FILE."""
-    name: str = ""
-    """Metric name (``eval/<name>``); empty = the file name without extension."""
-    repeats: int = 1
-    """Samples per prompt: the accuracy is avg@repeats (e.g. 32 for AIME)."""
-    temperature: float | None = None
-    """Sampling temperature; empty = eval.temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling (the recipe validates at temperature 1.0, top-p 0.7)."""
-    max_new_tokens: int = 0
-    """0 = eval.max_new_tokens (or rollout.max_new_tokens)."""
-
-    @property
-    def set_name(self) -> str:
-        return self.name or Path(self.path).stem
-
-
-@dataclass
-class EvalConfig:
-    """Held-out evaluation."""
-
-    sets: list[EvalSetConfig] = field(default_factory=list)
-    """Benchmarks evaluated beside data.eval_path, each logged as ``eval/<name>`` with their
-    mean as ``eval/mean``; without data.eval_path, ``eval_accuracy`` is that mean."""
-
-    every_steps: int = 10
-    """Evaluate every this many RL steps (and at the start and the end)."""
-    num_prompts: int = 0
-    """Held-out prompts used; 0 = all."""
-    samples_per_prompt: int = 1
-    """k: accuracy is the mean over k samples per prompt."""
-    temperature: float = 0.0
-    """0 = greedy (then k should be 1)."""
-    max_new_tokens: int = 0
-    """0 = rollout.max_new_tokens."""
-    log_samples: int = 4
-    """At each evaluation, this many held-out prompts (the first ones, of each set) with their first
-    completion, extracted answer and reward go to ``samples.jsonl`` in the run directory (0 = none)."""
-    expected: bool = True
-    """Also ``eval_expected_accuracy``: the exact expected accuracy of a sample at
-    rollout.temperature (no top-p), P(answer + EOS | prompt) from one teacher-forced learner
-    pass, over the held-out split plus ``data.synthetic.num_eval_expected`` more held-out
-    prompts, family means weighted by the task's mix. Far less noisy than sampled or greedy
-    accuracy over a few hundred prompts; ignores other correct spellings (a slight
-    under-estimate). Embedded task only."""
-
-    def validate(self) -> None:
-        positive("eval.samples_per_prompt", self.samples_per_prompt)
-        positive("eval.every_steps", self.every_steps)  # 0 divided the step count mid-run
-        if self.log_samples < 0:
-            raise ConfigError(f"eval.log_samples must be >= 0 (0 = none), got {self.log_samples}")
-        if self.temperature == 0 and self.samples_per_prompt != 1:
-            raise ConfigError("eval.samples_per_prompt > 1 needs eval.temperature > 0 (greedy samples are identical)")
-        names = []
-        for i, s in enumerate(self.sets):
-            if not s.path:
-                raise ConfigError(f"eval.sets[{i}]: set its path (a JSONL or Parquet file)")
-            if s.repeats < 1:
-                raise ConfigError(f"eval.sets[{i}].repeats={s.repeats}: must be >= 1")
-            temperature = self.temperature if s.temperature is None else s.temperature
-            if temperature == 0 and s.repeats > 1:
-                raise ConfigError(f"eval.sets[{i}]: repeats > 1 needs a temperature > 0 (greedy samples are identical)")
-            if not 0 < s.top_p <= 1:
-                raise ConfigError(f"eval.sets[{i}].top_p={s.top_p}: must be in (0, 1]")
-            names.append(s.set_name)
-        if len(set(names)) < len(names):
-            raise ConfigError(f"eval.sets: two sets share a name ({names}); give each a name")
+if TYPE_CHECKING:
+    from pc_megatron.config import EvalConfig, EvalSetConfig
 
 
 def evaluate(

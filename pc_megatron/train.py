@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from pc_megatron.algo.config import AlgoConfig
 from pc_megatron.algo.update import rl_update
-from pc_megatron.checkpoint import load_latest, save_checkpoint, set_rng_state
+from pc_megatron.checkpoint.store import load_latest, save_checkpoint, set_rng_state
 from pc_megatron.config import RunConfig, leaf_values, to_yaml
 from pc_megatron.data.task import Task, expected_eval_set
 from pc_megatron.evaluate import evaluate, evaluate_sets, expected_accuracy
@@ -47,8 +47,8 @@ from pc_megatron.rollout.producer import (
     ThreadedProducer,
     staleness_metrics,
 )
-from pc_megatron.runtime import Runtime, build_runtime
 from pc_megatron.runtime.resources import resolve_run, resolved_header
+from pc_megatron.runtime.roles import Runtime, build_runtime
 from pc_megatron.scheduler import Scheduler
 from pc_megatron.trackers import Trackers, check_trackers
 

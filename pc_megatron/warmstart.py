@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from pc_megatron.batch import sft_batch
-from pc_megatron.checkpoint import export_hf
+from pc_megatron.checkpoint.store import export_hf
 from pc_megatron.data.config import DataConfig
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.data.sampler import PromptSampler
@@ -23,26 +24,11 @@ from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.model.config import ModelConfig
 from pc_megatron.model.tokenizer import load_tokenizer
 
+if TYPE_CHECKING:
+    from pc_megatron.config import WarmStartConfig
+
 WARMSTART_FORMAT = 1  # bump when the SFT procedure changes, to invalidate caches
 SHIPPED = Path(__file__).resolve().parent / "assets" / "warmstart"
-
-
-@dataclass
-class WarmStartConfig:
-    """SFT warm-start on the same learner before RL (cached by its inputs)."""
-
-    enabled: bool = True
-    """Run (or reuse) the warm-start; false = start RL from model.path as is."""
-    steps: int = 3000
-    """SFT optimizer steps."""
-    batch_size: int = 64
-    """Examples per SFT step."""
-    lr: float = 1e-3
-    """SFT learning rate (cosine decay to 10%)."""
-    data_path: str = ""
-    """SFT rows (prompt + answer); empty = the synthetic task's SFT split."""
-    cache_dir: str = ""
-    """Where warm-starts and generated tasks are cached; empty = $PC_MEGATRON_CACHE or ~/.cache/pc-megatron."""
 
 
 def warm_start_key(model: ModelConfig, warmstart: WarmStartConfig, data: DataConfig, micro_batch_size: int) -> str:
@@ -84,7 +70,7 @@ def ensure_warm_start(
 def _train_warm_start(
     out: Path, warmstart: WarmStartConfig, learner: LearnerConfig, base: Path, sft: list[PromptRow], progress: bool
 ) -> Path:
-    from pc_megatron.learner import Learner
+    from pc_megatron.learner.learner import Learner
 
     ws = warmstart
     # the SFT warm-start runs in this process at TP=PP=DP=1 (the model is the embedded one or

@@ -52,7 +52,8 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def learner(tiny_model_dir):
     """A learner of the tiny model, shared by the tests of a module that only read it."""
-    from pc_megatron.learner import Learner, LearnerConfig
+    from pc_megatron.learner.config import LearnerConfig
+    from pc_megatron.learner.learner import Learner
 
     return Learner(tiny_model_dir, LearnerConfig(micro_batch_size=3), seed=0)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pc_megatron.batch import TokenBatch, completions_to_batch, group_stats
-from pc_megatron.rollout.base import SamplingParams
+from pc_megatron.rollout.config import SamplingParams
 from pc_megatron.rollout.hf_engine import HFEngine
 
 

@@ -32,7 +32,7 @@ def test_recipes_load_and_overrides_apply():
         ("scheduler.pilot_samples=8", "scheduler.pilot_samples must be < algo.samples_per_prompt"),
         ("learner.fp8=hybrid", "learner.fp8 needs learner.bf16=true"),
         ("learner.sequence_parallel=true", "learner.sequence_parallel needs learner.tensor_parallel_size > 1"),
-        ("data.synthetic.pool=medium", "data.synthetic.pool: unknown pool 'medium'; valid pools: hard, easy"),
+        ("data.synthetic.pool=medium", "data.synthetic.pool: 'medium' is not one of hard, easy, graded"),
         ("data.synthetic.easy_pass_band=[0.8,0.2]", "data.synthetic.easy_pass_band must be [low, high]"),
     ],
 )

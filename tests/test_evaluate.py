@@ -16,9 +16,9 @@ def test_evaluation_samples_with_the_rollout_stop_tokens(cache_dir):
     from pc_megatron.evaluate import evaluate
     from pc_megatron.model.tokenizer import load_tokenizer
     from pc_megatron.prepare import initial_policy_dir, load_task
-    from pc_megatron.rewards import RewardConfig
+    from pc_megatron.rewards.config import RewardConfig
     from pc_megatron.rewards.pool import RewardPool
-    from pc_megatron.rollout.base import SamplingParams
+    from pc_megatron.rollout.config import SamplingParams
     from pc_megatron.rollout.engines import build_engine
 
     cfg = load_config("tiny", ["eval.num_prompts=60", "eval.temperature=0"])
@@ -39,9 +39,9 @@ def test_evaluation_counts_the_rewards_that_timed_out_or_raised(cache_dir, monke
     from pc_megatron.evaluate import evaluate
     from pc_megatron.model.tokenizer import load_tokenizer
     from pc_megatron.prepare import initial_policy_dir, load_task
-    from pc_megatron.rewards import RewardConfig
+    from pc_megatron.rewards.config import RewardConfig
     from pc_megatron.rewards.pool import RewardPool
-    from pc_megatron.rollout.base import SamplingParams
+    from pc_megatron.rollout.config import SamplingParams
     from pc_megatron.rollout.engines import build_engine
 
     monkeypatch.syspath_prepend(str(WORKERS))  # the pool hands sys.path to its workers
@@ -68,7 +68,7 @@ def test_expected_accuracy_is_the_exact_pass_rate_over_a_disjoint_held_out_set(c
     from pc_megatron.data.task import expected_eval_set
     from pc_megatron.embedded.pools import answer_pass_rates
     from pc_megatron.evaluate import expected_accuracy
-    from pc_megatron.learner import Learner
+    from pc_megatron.learner.learner import Learner
     from pc_megatron.model.tokenizer import load_tokenizer
     from pc_megatron.prepare import initial_policy_dir, load_task
 

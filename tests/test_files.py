@@ -38,7 +38,7 @@ def test_a_second_run_started_in_a_busy_folder_stops_before_touching_it(tmp_path
 
 
 def test_latest_naming_anything_but_a_checkpoint_is_refused(tmp_path):
-    from pc_megatron.checkpoint import latest_checkpoint
+    from pc_megatron.checkpoint.store import latest_checkpoint
     from pc_megatron.errors import ModelFileError
 
     (tmp_path / "step_000004").mkdir()

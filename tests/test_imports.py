@@ -4,6 +4,8 @@ as the runtime grows (a vLLM import outside rollout/vllm* would make every CPU t
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,13 +129,24 @@ def test_the_graph_sees_the_package_imports():
     inside functions (an empty or partial graph would pass the cycle check vacuously)."""
     graph = package_graph()
     assert len(graph) > 80
-    assert {"pc_megatron.scheduler", "pc_megatron.runtime", "pc_megatron.config"} <= graph["pc_megatron.train"]
+    assert {"pc_megatron.scheduler", "pc_megatron.runtime.roles", "pc_megatron.config"} <= graph["pc_megatron.train"]
     assert "pc_megatron.train" in graph["pc_megatron.commands.train"]  # imported inside run()
 
 
 def test_only_the_config_loader_imports_omegaconf():
     """The run config is a typed dataclass tree everywhere but in its loader."""
     assert offenders("omegaconf", ("pc_megatron/config.py",)) == []
+
+
+def test_the_config_loads_without_torch_megatron_or_vllm():
+    """``pc-megatron config``, ``plan`` and a bad key's error are config work: loading and validating a
+    recipe imports no model library (each section lives in its package's light ``config.py``)."""
+    code = (
+        "import sys; from pc_megatron.config import load_config; load_config('smollm2-arith', []); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'vllm', 'transformers'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_the_layers_below_the_learner_do_not_import_it():

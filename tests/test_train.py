@@ -120,7 +120,7 @@ def test_phase_times_add_up_to_the_step_time(two_step_run):
 def test_the_learner_releases_its_training_memory_before_each_sync_wakes_the_engine(cache_dir, tmp_path, monkeypatch):
     """On a GPU the sync wakes the engine's weights (and vLLM's runtime pools): the learner's training
     peak must be given back first, or the two compete for the card. The order, recorded on CPU."""
-    from pc_megatron.learner import Learner
+    from pc_megatron.learner.learner import Learner
     from pc_megatron.rollout.hf_engine import HFEngine
 
     calls = []
@@ -140,7 +140,7 @@ def test_on_a_gpu_each_sync_starts_after_the_learner_gave_its_training_memory_ba
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from pc_megatron.learner import Learner
+    from pc_megatron.learner.learner import Learner
     from pc_megatron.rollout.hf_engine import HFEngine
 
     seen = []
@@ -450,7 +450,7 @@ def test_hugging_face_folders_written_with_the_checkpoints_hold_the_trained_weig
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pc_megatron.learner import Learner
+    from pc_megatron.learner.learner import Learner
 
     overrides = [*SMALL, "steps=2", "algo.loss.entropy_coef=0.05", "checkpoint.every_steps=1", "checkpoint.keep_last=1"]
     cfg = load_config("tiny", [*overrides, "checkpoint.save_hf=true"])

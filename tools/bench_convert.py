@@ -128,8 +128,9 @@ def main() -> None:
 SAVE_CHECKPOINT = """
 import sys, torch
 from pathlib import Path
-from pc_megatron.checkpoint import save_checkpoint
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.checkpoint.store import save_checkpoint
+from pc_megatron.learner.learner import Learner
+from pc_megatron.learner.config import LearnerConfig
 torch.set_num_threads(2)
 hf, run = Path(sys.argv[1]), Path(sys.argv[2])
 learner = Learner(hf, LearnerConfig(), seed=0)

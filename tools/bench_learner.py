@@ -74,9 +74,10 @@ def ragged_child(args) -> dict:
     """One layout in this process: a warm-up, then ``--steps`` log-prob passes and RL steps."""
     import resource
 
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
     from pc_megatron.batch import TokenBatch
-    from pc_megatron.learner import Learner, LearnerConfig
+    from pc_megatron.learner.config import LearnerConfig
+    from pc_megatron.learner.learner import Learner
 
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
@@ -203,9 +204,10 @@ def write_random_qwen2(folder: Path, small: bool) -> None:
 
 
 def run(folder: Path, fp8: str, recipe: str, seq: int, batch: int, steps: int, impl: str) -> dict:
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
     from pc_megatron.batch import TokenBatch
-    from pc_megatron.learner import Learner, LearnerConfig
+    from pc_megatron.learner.config import LearnerConfig
+    from pc_megatron.learner.learner import Learner
 
     gpu = torch.cuda.is_available()
     sync = torch.cuda.synchronize if gpu else (lambda: None)

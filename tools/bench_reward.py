@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: its tests package
 
-from pc_megatron.rewards import RewardConfig
+from pc_megatron.rewards.config import RewardConfig
 from pc_megatron.rewards.offline import score_file
 from tests.rewards.test_math import PAIRS
 

@@ -66,7 +66,8 @@ def main() -> None:
 
     from pc_megatron.algo.config import AlgoConfig
     from pc_megatron.algo.update import rl_update
-    from pc_megatron.learner import Learner, LearnerConfig
+    from pc_megatron.learner.config import LearnerConfig
+    from pc_megatron.learner.learner import Learner
     from pc_megatron.phases import PhaseTimes
 
     torch.set_num_threads(args.threads)

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from pc_megatron.rollout.base import RolloutConfig, SamplingParams, VllmConfig, WeightSyncConfig
+from pc_megatron.rollout.config import RolloutConfig, SamplingParams, VllmConfig
+from pc_megatron.weight_sync.config import WeightSyncConfig
 
 QWEN05B = {
     "hidden_size": 896,

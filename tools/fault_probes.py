@@ -235,7 +235,7 @@ def unsafe_copies(run: Path, work: Path) -> None:
 
 def latest_step(run: Path) -> Path:
     """The checkpoint folder a run's ``checkpoints/latest`` names."""
-    from pc_megatron.checkpoint import latest_checkpoint
+    from pc_megatron.checkpoint.store import latest_checkpoint
 
     return latest_checkpoint(run / "checkpoints")
 

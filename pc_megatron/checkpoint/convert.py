@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from pc_megatron.checkpoint import copy_hf_side_files, latest_checkpoint
+from pc_megatron.checkpoint.store import copy_hf_side_files, latest_checkpoint
 from pc_megatron.errors import ModelFileError, UserError
 from pc_megatron.learner.checkpoint_io import CHECKPOINT_META, read_checkpoint_meta
 from pc_megatron.model.arch import ArchSpec, arch_from_hf_config, load_arch

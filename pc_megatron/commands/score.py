@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pc_megatron.rewards import RewardConfig
+    from pc_megatron.rewards.config import RewardConfig
     from pc_megatron.rewards.offline import score_file
 
     cfg = RewardConfig(

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 def checkpoint_step(run_dir: Path) -> int | None:
     """The step of a run's latest checkpoint, or None without one."""
-    from pc_megatron.checkpoint import latest_checkpoint
+    from pc_megatron.checkpoint.store import latest_checkpoint
 
     folder = latest_checkpoint(run_dir / "checkpoints")
     return int(folder.name.split("_")[-1]) if folder is not None and folder.name.startswith("step_") else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 from pc_megatron.data.dataset import PromptRow
 
@@ -75,7 +76,7 @@ class SyntheticTaskConfig:
         }
     )
     """Relative weight of each problem family (see FAMILIES)."""
-    pool: str = "hard"
+    pool: Literal["hard", "easy", "graded"] = "hard"
     """RL training pool. ``hard``: the train split as drawn from ``mix`` (about half the groups
     start degenerate, the paper's regime). ``easy``: prompts from ``mix`` whose pass rate under
     the initial policy lies in ``easy_pass_band`` (few degenerate groups; pc_megatron/embedded/pools.py).

@@ -1,6 +1,2 @@
-"""The Megatron-Core learner: model build, parallel state, SFT and RL updates."""
-
-from pc_megatron.learner.config import LearnerConfig
-from pc_megatron.learner.learner import Learner
-
-__all__ = ["Learner", "LearnerConfig"]
+"""The Megatron-Core learner: model build (``model.py``), parallel state (``parallel.py``), SFT and RL
+updates (``learner.py``); the ``learner.*`` section in ``config.py``."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from pc_megatron.errors import ConfigError
+from pc_megatron.errors import ConfigError, check_choices
 
 
 @dataclass
@@ -22,7 +23,7 @@ class LearnerConfig:
     distributed_optimizer: bool = False
     """Shard optimizer state (fp32 master weights, Adam moments) over data-parallel ranks
     (Megatron's distributed optimizer)."""
-    transformer_impl: str = "auto"
+    transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
     """Layer spec: 'local' (Megatron-Core modules, CPU-capable), 'transformer_engine' (GPU),
     or 'auto' (TE when CUDA and transformer_engine are available, else local)."""
     bf16: bool | str = False
@@ -31,10 +32,10 @@ class LearnerConfig:
     (amx_bf16 / avx512_bf16) where a matmul probe shows bf16 >= 1.5x fp32, else fp32 (resolved when the
     run starts: pc_megatron/runtime/resources.py). The engine serves the same dtype
     (rollout.vllm.dtype=auto)."""
-    fp8: str = ""
+    fp8: Literal["", "hybrid", "e4m3"] = ""
     """FP8 GEMMs through Transformer Engine: '' (off), 'hybrid' (e4m3 forward, e5m2 backward) or
     'e4m3'. Needs a GPU, the TE layer spec and bf16."""
-    fp8_recipe: str = "delayed"
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "delayed"
     """TE scaling recipe: 'delayed', 'tensorwise' (Hopper and later); 'blockwise' (Hopper with CUDA >=
     12.9, and later); 'mxfp8' (Blackwell). Amax is reduced over tensor-parallel ranks only."""
     sequence_parallel: bool = False
@@ -46,7 +47,7 @@ class LearnerConfig:
     """Final learning rate when lr_decay_style is not 'constant'."""
     lr_warmup_steps: int = 0
     """Linear warm-up, in optimizer steps."""
-    lr_decay_style: str = "constant"
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
     """'constant', 'linear' or 'cosine' (Megatron's OptimizerParamScheduler)."""
     lr_decay_steps: int = 1000
     """Optimizer steps over which lr decays to min_lr."""
@@ -60,7 +61,7 @@ class LearnerConfig:
     """Adam epsilon."""
     clip_grad: float = 1.0
     """Global gradient-norm clip."""
-    loss_impl: str = "auto"
+    loss_impl: Literal["auto", "triton", "torch"] = "auto"
     """Log-prob/entropy over the vocabulary: 'triton' (fused kernel, kernels/grpo_loss),
     'torch' (the reference), 'auto' (triton on CUDA, torch on CPU)."""
     micro_batch_size: int = 64
@@ -94,24 +95,11 @@ class LearnerConfig:
             raise ConfigError("learner.tensor_parallel_size must be >= 1")
         if self.pipeline_parallel_size < 1:
             raise ConfigError("learner.pipeline_parallel_size must be >= 1")
-        if self.transformer_impl not in ("auto", "local", "transformer_engine"):
-            raise ConfigError(
-                f"learner.transformer_impl: '{self.transformer_impl}' is not one of auto, local, transformer_engine"
-            )
-        if self.lr_decay_style not in ("constant", "linear", "cosine"):
-            raise ConfigError(f"learner.lr_decay_style: '{self.lr_decay_style}' is not one of constant, linear, cosine")
-        if self.loss_impl not in ("auto", "triton", "torch"):
-            raise ConfigError(f"learner.loss_impl: '{self.loss_impl}' is not one of auto, triton, torch")
-        if self.fp8 not in ("", "hybrid", "e4m3"):
-            raise ConfigError(f"learner.fp8: '{self.fp8}' is not one of '' (off), hybrid, e4m3")
+        check_choices(self, "learner")
         if self.bf16 not in (True, False, "auto"):
             raise ConfigError(f"learner.bf16: '{self.bf16}' is not one of true, false, auto")
         if self.fp8 and self.bf16 is not True:
             raise ConfigError("learner.fp8 needs learner.bf16=true (FP8 GEMMs inside a bf16 model)")
-        if self.fp8_recipe not in ("delayed", "tensorwise", "mxfp8", "blockwise"):
-            raise ConfigError(
-                f"learner.fp8_recipe: '{self.fp8_recipe}' is not one of delayed, tensorwise, mxfp8, blockwise"
-            )
         if self.sequence_parallel and self.tensor_parallel_size < 2:
             raise ConfigError("learner.sequence_parallel needs learner.tensor_parallel_size > 1")
         if self.micro_batch_size < 1:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pc_megatron.data.dataset import iter_jsonl
 from pc_megatron.errors import DataError
-from pc_megatron.rewards import RewardConfig
+from pc_megatron.rewards.config import RewardConfig
 from pc_megatron.rewards.pool import RewardPool
 
 FIELDS = ("id", "completion", "answer")

@@ -29,7 +29,8 @@ from multiprocessing.connection import Connection, wait
 
 from pc_megatron.errors import RewardError
 from pc_megatron.lifetime import die_with_parent
-from pc_megatron.rewards import RewardConfig, RewardResult, build_reward
+from pc_megatron.rewards import RewardResult, build_reward
+from pc_megatron.rewards.config import RewardConfig
 
 _MIN_FAILURES = 8  # below this many failures a call is never called broken
 _START_S = 60.0  # a worker that is not ready after this long (importing the reward) is an error

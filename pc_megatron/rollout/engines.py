@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pc_megatron.rollout.base import RolloutConfig, RolloutEngine
+from pc_megatron.rollout.base import RolloutEngine
+from pc_megatron.rollout.config import RolloutConfig
 
 
 def build_engine(

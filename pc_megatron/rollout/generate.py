@@ -9,7 +9,8 @@ from pc_megatron.data.dataset import PromptRow
 from pc_megatron.phases import PhaseTimes
 from pc_megatron.rewards import overlong_penalty
 from pc_megatron.rewards.pool import RewardPool, Scored
-from pc_megatron.rollout.base import Completion, RolloutEngine, SamplingParams
+from pc_megatron.rollout.base import Completion, RolloutEngine
+from pc_megatron.rollout.config import SamplingParams
 from pc_megatron.scheduler import GenRequest, OnGroup, Sample
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from pc_megatron.errors import ModelFileError
-from pc_megatron.rollout.base import Completion, OnPrompt, SamplingParams, sample_seed, stream_by_calls
+from pc_megatron.rollout.base import Completion, OnPrompt, sample_seed, stream_by_calls
+from pc_megatron.rollout.config import SamplingParams
 from pc_megatron.weight_sync.manifest import Manifest
 from pc_megatron.weight_sync.receiver import BucketReceiver
 from pc_megatron.weight_sync.transport import LocalSender, push_weights

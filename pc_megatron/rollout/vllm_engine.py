@@ -33,7 +33,8 @@ import torch
 
 from pc_megatron.errors import ConfigError
 from pc_megatron.phases import phase_range
-from pc_megatron.rollout.base import Completion, OnPrompt, RolloutConfig, SamplingParams, sample_seed
+from pc_megatron.rollout.base import Completion, OnPrompt, sample_seed
+from pc_megatron.rollout.config import RolloutConfig, SamplingParams
 from pc_megatron.rollout.vllm_cpu import cpu_thread_binding, environ
 from pc_megatron.weight_sync.manifest import Manifest, WeightSyncError
 from pc_megatron.weight_sync.transport import make_sender, push_weights

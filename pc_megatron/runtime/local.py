@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from pc_megatron.errors import ConfigError, TrainingError
-from pc_megatron.learner import Learner
 from pc_megatron.learner.config import LearnerConfig
-from pc_megatron.rollout.base import RolloutConfig
+from pc_megatron.learner.learner import Learner
+from pc_megatron.rollout.config import RolloutConfig
 from pc_megatron.rollout.engines import build_engine
 
 

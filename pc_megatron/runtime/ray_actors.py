@@ -10,7 +10,8 @@ from typing import Any
 
 from pc_megatron.errors import TrainingError, UserError
 from pc_megatron.learner.config import LearnerConfig
-from pc_megatron.rollout.base import Completion, RolloutConfig
+from pc_megatron.rollout.base import Completion
+from pc_megatron.rollout.config import RolloutConfig
 
 
 def _free_port() -> int:
@@ -56,7 +57,7 @@ class LearnerWorker:
             WORLD_SIZE=str(self.world),
             LOCAL_RANK="0",  # Ray shows each actor only its own GPU
         )
-        from pc_megatron.learner import Learner
+        from pc_megatron.learner.learner import Learner
 
         self.learner = Learner(model_dir, cfg, seed)
         return self.learner.version

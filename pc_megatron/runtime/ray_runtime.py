@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from pc_megatron.batch import TokenBatch
 from pc_megatron.learner.config import LearnerConfig
-from pc_megatron.rollout.base import Completion, OnPrompt, RolloutConfig, SamplingParams, stream_by_calls
+from pc_megatron.rollout.base import Completion, OnPrompt, stream_by_calls
+from pc_megatron.rollout.config import RolloutConfig, SamplingParams
 from pc_megatron.runtime.ray_actors import EngineWorker, LearnerWorker, ray_get
 from pc_megatron.runtime.ray_cluster import (
     RayConfig,

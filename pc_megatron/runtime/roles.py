@@ -22,8 +22,9 @@ import torch
 from pc_megatron.algo.config import LossConfig
 from pc_megatron.batch import TokenBatch
 from pc_megatron.learner.config import LearnerConfig
-from pc_megatron.rollout.base import RolloutConfig, RolloutEngine
-from pc_megatron.runtime.ray_cluster import RayConfig
+from pc_megatron.rollout.base import RolloutEngine
+from pc_megatron.rollout.config import RolloutConfig
+from pc_megatron.runtime.config import RayConfig
 from pc_megatron.runtime.resources import ThreadPlan
 
 

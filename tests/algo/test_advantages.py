@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from pc_megatron.algo import group_advantages
+from pc_megatron.algo.advantages import group_advantages
 
 
 def test_group_advantages_match_hand_computation():

@@ -4,11 +4,11 @@ or by rollouts over several epochs, and the rows of all-alike groups left out.""
 import pytest
 import torch
 
-from pc_megatron.algo import LossConfig
-from pc_megatron.algo.config import AlgoConfig
+from pc_megatron.algo.config import AlgoConfig, LossConfig
 from pc_megatron.config import load_config
 from pc_megatron.errors import ConfigError
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.learner import Learner
 from tests.tensor_checks import assert_close_to_scale, scaled_error
 
 

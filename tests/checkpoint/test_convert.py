@@ -9,12 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pc_megatron.checkpoint import save_checkpoint
 from pc_megatron.checkpoint.convert import hf_to_megatron, megatron_to_hf_folder
+from pc_megatron.checkpoint.store import save_checkpoint
 from pc_megatron.cli import main
 from pc_megatron.errors import ModelFileError, UserError
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.export import load_hf_weights
+from pc_megatron.learner.learner import Learner
 from pc_megatron.model.arch import load_arch
 
 
@@ -46,7 +47,7 @@ def test_hf_to_megatron_to_hf_round_trip_loads_in_transformers(hf_model, tmp_pat
 
 
 def test_training_checkpoint_to_hf(tiny_model_dir, tmp_path):
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
     from pc_megatron.batch import TokenBatch
 
     learner = Learner(tiny_model_dir, LearnerConfig(lr=1e-2), seed=0)

@@ -20,7 +20,7 @@ def test_plain_data_round_trips_through_the_tagged_records():
 
 
 def test_state_that_is_not_plain_data_is_refused_when_written_naming_where_it_sits(tmp_path):
-    from pc_megatron.checkpoint import save_checkpoint
+    from pc_megatron.checkpoint.store import save_checkpoint
 
     with pytest.raises(TypeError, match=r"state\['scheduler'\]\['odd'\]: a .*_WritesAFile in the checkpoint state"):
         save_checkpoint(tmp_path, 1, {"scheduler": {"odd": _WritesAFile(tmp_path / "x")}}, keep_last=1)

@@ -1,7 +1,7 @@
 """The prompt sampler (``pc_megatron/data/sampler.py``): epochs are permutations, and a restored sampler
 continues exactly."""
 
-from pc_megatron.data import PromptSampler
+from pc_megatron.data.sampler import PromptSampler
 
 
 def test_sampler_resumes_exactly_across_epochs():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from pc_megatron.batch import TokenBatch
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.learner import Learner
 
 
 def _results(stats: dict) -> dict:
@@ -43,7 +44,7 @@ def test_checkpoint_from_a_different_model_is_rejected(tiny_model_dir, tmp_path)
 def test_saved_learner_resumes_exactly(tiny_model_dir, tmp_path, distributed_optimizer, bf16):
     """Model, Adam moments, Adam step counts and lr schedule come back (with bf16: the fp32 main
     parameters too): the step after a save/load equals the step the original learner takes."""
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
 
     cfg = LearnerConfig(lr_warmup_steps=3, distributed_optimizer=distributed_optimizer, bf16=bf16)
     tokens = torch.randint(2, 23, (3, 7), generator=torch.Generator().manual_seed(5))

@@ -9,8 +9,9 @@ import pytest
 
 from pc_megatron.checkpoint.convert import megatron_param_names
 from pc_megatron.errors import ModelFileError
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.export import load_hf_weights
+from pc_megatron.learner.learner import Learner
 
 
 def test_weights_from_a_different_model_are_rejected(tmp_path, learner):

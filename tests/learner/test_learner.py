@@ -8,10 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pc_megatron.algo import LossConfig
+from pc_megatron.algo.config import LossConfig
 from pc_megatron.batch import TokenBatch, completions_to_batch, logprob_mismatch
-from pc_megatron.learner import Learner, LearnerConfig
-from pc_megatron.rollout.base import SamplingParams
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.learner import Learner
+from pc_megatron.rollout.config import SamplingParams
 from pc_megatron.rollout.hf_engine import HFEngine
 from pc_megatron.weight_sync import mapping
 from tests.hf_models import make_hf_model
@@ -54,7 +55,7 @@ def test_sft_step_lowers_the_loss_on_its_batch(tiny_model_dir):
 
 
 def test_nan_loss_stops_with_a_clear_error_and_applies_nothing(tiny_model_dir):
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
     from pc_megatron.errors import TrainingError
 
     learner = Learner(tiny_model_dir, LearnerConfig(), seed=0)
@@ -77,7 +78,7 @@ def _results(stats: dict) -> dict:
 def test_triton_loss_path_matches_the_torch_reference_in_the_learner(tiny_model_dir):
     """learner.loss_impl=triton (interpreter on CPU) computes the same log-probs and gradients.
     (Compared before Adam: its first step is ~lr * sign(g), which amplifies rounding near g = 0.)"""
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
 
     tokens = torch.randint(2, 23, (3, 7), generator=torch.Generator().manual_seed(4))
     batch = TokenBatch(tokens, torch.ones(3, 6))
@@ -96,7 +97,7 @@ def test_truncated_is_weights_scale_each_tokens_policy_gradient(tiny_model_dir):
     """algo.loss.correction=tis: the weight w = pi_old / pi_behaviour multiplies that token's advantage,
     so a weight that is constant along a row equals scaling the row's advantage, and w = 1 (the
     engine sampled with the learner's weights) changes nothing."""
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
 
     tokens = torch.randint(2, 23, (3, 7), generator=torch.Generator().manual_seed(5))
     batch = TokenBatch(tokens, torch.ones(3, 6))
@@ -128,7 +129,7 @@ def test_truncated_is_weights_scale_each_tokens_policy_gradient(tiny_model_dir):
 def test_fused_old_logprobs_give_the_separate_pass_update(tiny_model_dir):
     """algo.old_logprobs=fused: the update's own forward gives the old log-probs; the step, its
     statistics and the returned log-probs equal those of a separate forward pass first."""
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
 
     tokens = torch.randint(2, 23, (4, 9), generator=torch.Generator().manual_seed(7))
     mask = torch.ones(4, 8)
@@ -226,7 +227,7 @@ def test_learner_on_gpu_matches_the_engine(tiny_model_dir, impl):
 
 def _ragged_on(folder, cfg: LearnerConfig):
     """Log-probs and one RL step's gradients (flattened, fp32) of the ragged batch of the shape tests."""
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
 
     batch, adv = ragged_batch()
     learner = Learner(folder, cfg, seed=0)
@@ -362,7 +363,7 @@ def test_fp8_forward_backward_close_to_bf16(tmp_path, recipe):
     """TE spec, bf16 vs bf16 + FP8 GEMMs (hybrid) on a random Qwen2 with FP8-friendly shapes:
     logits and gradients agree to FP8 precision."""
     pytest.importorskip("transformer_engine")
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
     from pc_megatron.embedded.tiny_model import create_tiny_model
     from pc_megatron.model.config import TinyModelConfig
 

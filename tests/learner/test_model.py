@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from pc_megatron.errors import ModelFileError
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.export import load_hf_weights
+from pc_megatron.learner.learner import Learner
 from pc_megatron.model.arch import load_arch
 from tests.hf_models import CONFIGS, make_hf_model
 

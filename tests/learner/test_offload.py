@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from pc_megatron.batch import TokenBatch
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.learner import Learner
 
 
 @pytest.mark.gpu
@@ -13,7 +14,7 @@ def test_offload_to_pinned_host_memory_frees_the_gpu_and_changes_nothing(tiny_mo
     """Two bf16 learners take the same steps; one offloads its optimizer state (to pinned host
     buffers) and gradient buffers between steps. Device memory goes down while offloaded, and the
     weights after three steps are bit-identical to the learner that never offloaded."""
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
 
     tokens = torch.randint(2, 23, (8, 12), generator=torch.Generator().manual_seed(1)).cuda()
     batch = TokenBatch(tokens, torch.ones(8, 11, device="cuda"))

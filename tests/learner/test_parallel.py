@@ -118,7 +118,7 @@ def test_checkpoint_saved_parallel_converts_to_hf_with_the_learners_logits(runs,
 
     from transformers import AutoModelForCausalLM
 
-    from pc_megatron.checkpoint import copy_hf_side_files
+    from pc_megatron.checkpoint.store import copy_hf_side_files
     from pc_megatron.cli import main
 
     root, folders, results = runs

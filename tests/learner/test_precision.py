@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from pc_megatron.batch import TokenBatch
-from pc_megatron.learner import Learner, LearnerConfig, precision
+from pc_megatron.learner import precision
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.learner import Learner
 
 HAS_UNITS = bool(precision.cpu_bf16_units()) and not torch.cuda.is_available()
 
@@ -44,7 +46,7 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
 def test_bf16_learner_keeps_fp32_main_parameters_and_follows_fp32(tiny_model_dir):
     """On a CPU the bf16 learner's model is bf16 throughout (norms included), its optimizer steps fp32
     main copies, and three steps land within bf16's precision of the fp32 learner's."""
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
 
     tokens = torch.randint(2, 23, (8, 12), generator=torch.Generator().manual_seed(1))
     batch = TokenBatch(tokens, torch.ones(8, 11))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from pc_megatron.rewards import RewardConfig
+from pc_megatron.rewards.config import RewardConfig
 from pc_megatron.rewards.math import last_boxed
 from pc_megatron.rewards.pool import RewardPool
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pc_megatron.errors import RewardError
-from pc_megatron.rewards import RewardConfig
+from pc_megatron.rewards.config import RewardConfig
 from pc_megatron.rewards.pool import RewardPool
 
 
@@ -108,7 +108,7 @@ def test_a_worker_in_a_hung_reward_dies_with_a_sigkilled_driver(tmp_path):
 
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from pc_megatron.rewards import RewardConfig\nfrom pc_megatron.rewards.pool import RewardPool\n"
+        "from pc_megatron.rewards.config import RewardConfig\nfrom pc_megatron.rewards.pool import RewardPool\n"
         "pool = RewardPool(RewardConfig(function='rewards_for_tests:always_hangs', workers=2, timeout_s=600))\n"
         "print(' '.join(str(w.proc.pid) for w in pool._workers), flush=True)\n"
         "pool.score(['1', '2'], ['1', '2'], ['a', 'b'])\n"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pc_megatron.errors import ConfigError
-from pc_megatron.rewards import IntegerMatchReward, RewardConfig, build_reward, overlong_penalty
+from pc_megatron.rewards import IntegerMatchReward, build_reward, overlong_penalty
+from pc_megatron.rewards.config import RewardConfig
 
 
 def test_integer_reward():

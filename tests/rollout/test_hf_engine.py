@@ -4,7 +4,7 @@ weight updates."""
 import pytest
 import torch
 
-from pc_megatron.rollout.base import SamplingParams
+from pc_megatron.rollout.config import SamplingParams
 from pc_megatron.rollout.hf_engine import HFEngine
 
 

@@ -15,13 +15,15 @@ import importlib.util
 import pytest
 import torch
 
-from pc_megatron.algo import LossConfig
+from pc_megatron.algo.config import LossConfig
 from pc_megatron.batch import TokenBatch, completions_to_batch, logprob_mismatch
 from pc_megatron.errors import ConfigError
-from pc_megatron.learner import Learner, LearnerConfig
-from pc_megatron.rollout.base import RolloutConfig, SamplingParams, VllmConfig, WeightSyncConfig
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.learner import Learner
+from pc_megatron.rollout.config import RolloutConfig, SamplingParams, VllmConfig
 from pc_megatron.rollout.hf_engine import HFEngine
 from pc_megatron.rollout.vllm_engine import VllmEngine
+from pc_megatron.weight_sync.config import WeightSyncConfig
 from pc_megatron.weight_sync.manifest import WeightSyncError
 from tests.settings import SMALL, WORKERS
 
@@ -357,7 +359,7 @@ def test_cpu_workers_of_one_engine_get_disjoint_cores():
 
 
 def _vllm_cfg(**kw):
-    from pc_megatron.rollout.base import RolloutConfig, VllmConfig
+    from pc_megatron.rollout.config import RolloutConfig, VllmConfig
 
     return RolloutConfig(backend="vllm", vllm=VllmConfig(gpu_memory_utilization=0.3, **kw))
 
@@ -368,7 +370,7 @@ def test_colocated_vllm_sleeps_wakes_and_takes_the_learners_weights_over_cuda_ip
     while the learner trains with its optimizer state offloaded and back, then a CUDA-IPC sync
     wakes it with the new weights; engine log-probs match the learner's to bf16 precision."""
     pytest.importorskip("vllm")
-    from pc_megatron.algo import LossConfig
+    from pc_megatron.algo.config import LossConfig
     from pc_megatron.embedded.tiny_model import create_tiny_model
     from pc_megatron.model.config import TinyModelConfig
     from pc_megatron.rollout.vllm_engine import VllmEngine

@@ -12,7 +12,7 @@ from pc_megatron.config import load_config
 
 def test_broadcast_needs_runtime_ray_and_split_engines_never_sleep():
     from pc_megatron.errors import ConfigError
-    from pc_megatron.rollout.base import RolloutConfig, VllmConfig
+    from pc_megatron.rollout.config import RolloutConfig, VllmConfig
     from pc_megatron.runtime.ray_cluster import engine_config
 
     with pytest.raises(ConfigError, match="needs runtime=ray"):  # runtime=local: nothing to broadcast to
@@ -63,7 +63,8 @@ def test_secrets_never_travel_in_rays_runtime_environment():
 
 def test_joining_a_cluster_without_its_token_is_one_clear_error_and_a_local_run_makes_its_own(tmp_path, monkeypatch):
     from pc_megatron.errors import ConfigError
-    from pc_megatron.runtime.ray_cluster import RayConfig, _token_auth
+    from pc_megatron.runtime.config import RayConfig
+    from pc_megatron.runtime.ray_cluster import _token_auth
 
     monkeypatch.setenv("HOME", str(tmp_path))
     for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
@@ -96,7 +97,8 @@ def test_rays_session_folder_under_tmp_must_be_this_users_alone(tmp_path):
 def test_a_resumed_run_reuses_its_short_ray_folder_that_ray_opened_to_all(tmp_path):
     """Ray sets its session folder to 0777; it lives inside a 0700 folder of ours, so the resume of a
     run with a long path finds its own folder again (it was refused once: the check saw Ray's 0777)."""
-    from pc_megatron.runtime.ray_cluster import RayConfig, _temp_dir
+    from pc_megatron.runtime.config import RayConfig
+    from pc_megatron.runtime.ray_cluster import _temp_dir
 
     run_dir = tmp_path / ("a-long-run-folder-name-" * 3) / "run"
     first = Path(_temp_dir(RayConfig(), run_dir))

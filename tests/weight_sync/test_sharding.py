@@ -4,7 +4,8 @@ model's parameters, and the Transformer Engine spec's table reads every HF tenso
 import torch
 
 from pc_megatron.checkpoint.convert import megatron_param_names
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.learner import Learner
 from pc_megatron.model.arch import load_arch
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import psutil
 
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.learner import Learner
 
 
 def main() -> None:

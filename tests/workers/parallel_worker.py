@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from pc_megatron.algo import LossConfig
+from pc_megatron.algo.config import LossConfig
 from pc_megatron.batch import TokenBatch
-from pc_megatron.learner import Learner, LearnerConfig
+from pc_megatron.learner.config import LearnerConfig
+from pc_megatron.learner.learner import Learner
 
 
 def batch(seed: int) -> TokenBatch:

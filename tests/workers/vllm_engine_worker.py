@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from pc_megatron.rollout.base import RolloutConfig, VllmConfig
+from pc_megatron.rollout.config import RolloutConfig, VllmConfig
 from pc_megatron.rollout.vllm_engine import VllmEngine
 
 
