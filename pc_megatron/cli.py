@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
 
     from pc_megatron.errors import UserError
-    from pc_megatron.preemption import RunStopped
+    from pc_megatron.run.preemption import RunStopped
 
     try:
         return args.run(args)

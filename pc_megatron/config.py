@@ -25,9 +25,19 @@ from pc_megatron.rewards.config import RewardConfig
 from pc_megatron.rollout.config import RolloutConfig
 from pc_megatron.runtime.config import RayConfig
 from pc_megatron.scheduler import SchedulerConfig
-from pc_megatron.trackers import check_loggers
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+"""What ``loggers`` may name (``run/trackers.py`` runs them)."""
+
+
+def check_loggers(loggers: list[str]) -> None:
+    """The ``loggers`` list itself: known names, none twice."""
+    for name in loggers:
+        if name not in TRACKERS:
+            raise ConfigError(f"loggers: '{name}' is not one of {', '.join(TRACKERS)}")
+    if len(set(loggers)) != len(loggers):
+        raise ConfigError(f"loggers: {list(loggers)} names a tracker twice")
 
 
 @dataclass
@@ -318,29 +328,6 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("scheduler.pilot_samples must be < algo.samples_per_prompt (the rest are committed)")
 
 
-# Keys a resumed run may change: how long it runs, how often it evaluates and saves, where and how wide
-# it runs (a checkpoint reshards to another layout; a sample's seed does not depend on the replicas),
-# its deadlines. Anything else would make the run's record (config.yaml, the metrics) describe steps
-# that ran otherwise.
-RESUME_SAFE = (
-    "steps",
-    "progress",
-    "threads",
-    "rollout.threads",
-    "loggers",
-    "runtime",
-    "eval.every_steps",
-    "checkpoint.",
-    "ray.",
-    "learner.tensor_parallel_size",
-    "learner.pipeline_parallel_size",
-    "learner.data_parallel_size",
-    "rollout.replicas",
-    "rollout.timeout_s",
-    "reward.workers",
-)
-
-
 def leaf_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
     """Every leaf of a config (a dataclass or a dict) as ``dotted.key -> value`` (lists as values)."""
     node = asdict(cfg) if is_dataclass(cfg) else cfg
@@ -351,21 +338,6 @@ def leaf_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def resume_changes(saved: RunConfig, wanted: RunConfig) -> dict[str, tuple[Any, Any]]:
-    """``key -> (saved, wanted)`` for every leaf that differs; a key outside ``RESUME_SAFE`` is one
-    ConfigError that names it and the keys a resume may change."""
-    before, after = leaf_values(saved), leaf_values(wanted)
-    changes = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
-    unsafe = sorted(k for k in changes if not k.startswith(RESUME_SAFE))
-    if unsafe:
-        raise ConfigError(
-            f"--resume cannot change {', '.join(unsafe)}: the steps already taken ran with "
-            f"{', '.join(f'{k}={changes[k][0]}' for k in unsafe)}; start a new run for that (a resume may change "
-            f"{', '.join(k.rstrip('.') + ('.*' if k.endswith('.') else '') for k in RESUME_SAFE)})"
-        )
-    return changes
 
 
 def to_yaml(cfg: RunConfig) -> str:

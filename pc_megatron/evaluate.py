@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.base import RolloutEngine
 from pc_megatron.rollout.config import SamplingParams
-from pc_megatron.rollout.generate import encode_prompts, generate_and_score
+from pc_megatron.rollout.generate import encode_prompts, generate_and_score, stream_seed
 
 if TYPE_CHECKING:
     from pc_megatron.config import EvalConfig, EvalSetConfig
+    from pc_megatron.rollout.fleet import Engines
+    from pc_megatron.run.logs import RunLogs
+    from pc_megatron.run.setup import Run
+    from pc_megatron.run.state import LoopState
 
 
 def evaluate(
@@ -162,3 +167,36 @@ def expected_accuracy(
     else:
         overall = sum(p) / len(p)
     return {"eval_expected_accuracy": overall, **{f"eval_expected_accuracy/{f}": m for f, m in means.items()}}
+
+
+@dataclass
+class Evaluation:
+    """The held-out evaluation of a run's step (``train.py`` calls it on its cadence), holding the engines
+    (``engines``' gate) while it generates; its samples go to the run's logs, its accuracy to the loop's state."""
+
+    run: Run
+    params: SamplingParams
+    engines: Engines
+    logs: RunLogs
+    loop: LoopState
+    expected_rows: list[PromptRow]
+
+    def __call__(self, step: int) -> dict[str, float]:
+        run, cfg, fleet = self.run, self.run.cfg, self.engines.fleet
+        seed = stream_seed(cfg.seed, step, 0)
+        shown: list[dict] = []  # a few prompts' completions, read beside the curves (eval.log_samples)
+        task, tok, rewards = run.task, run.tokenizer, run.rewards
+        with self.engines.hold(f"the held-out evaluation at step {step}", generating=True):
+            out = evaluate(fleet, tok, task.eval, cfg.eval, rewards, self.params, seed, shown) if task.eval else {}
+            if task.sets:
+                sets = evaluate_sets(fleet, tok, task.sets, cfg.eval, rewards, self.params, seed, shown)
+                for key in ("eval/reward_timeouts", "eval/reward_errors"):  # counted over every evaluation call
+                    sets[key] += out.get(key, 0)
+                out |= sets
+                out.setdefault("eval_accuracy", out["eval/mean"])
+        if self.expected_rows:
+            mix = dict(cfg.data.synthetic.mix)
+            out |= expected_accuracy(run.runtime.learner, tok, self.expected_rows, self.params.temperature, mix)
+        self.logs.shown(step, shown)
+        self.loop.last_eval_accuracy = out["eval_accuracy"]
+        return out

@@ -1,6 +1,6 @@
 """Files a run owns: writes that a full disk, a kill or a second writer cannot leave half-done (the
 text goes to a file of this process's own beside the target, is flushed to disk, and replaces the
-target in one rename), and the claim of a run folder by one process at a time."""
+target in one rename), and one process at a time on a shared result (``one_at_a_time``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
-
-from pc_megatron.errors import ConfigError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -31,28 +28,6 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.fsync(fd)  # the rename itself on disk
     finally:
         os.close(fd)
-
-
-def claim_run_dir(run_dir: Path) -> IO:
-    """Claim ``run_dir`` for this process (an exclusive lock on ``run_dir/run.lock``, released when the
-    process ends, a kill included); one ConfigError naming the holder when another process has it:
-    two runs in one folder would delete each other's checkpoints in progress. Close the file to let go."""
-    f = open(run_dir / "run.lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise ConfigError(
-            f"{run_dir} is in use by {holder} (its run.lock is held): two runs in one folder would overwrite each "
-            "other's checkpoints; wait for it to end, or use another name="
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
-    return f
 
 
 @contextlib.contextmanager

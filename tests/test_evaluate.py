@@ -15,11 +15,11 @@ def test_evaluation_samples_with_the_rollout_stop_tokens(cache_dir):
 
     from pc_megatron.evaluate import evaluate
     from pc_megatron.model.tokenizer import load_tokenizer
-    from pc_megatron.prepare import initial_policy_dir, load_task
     from pc_megatron.rewards.config import RewardConfig
     from pc_megatron.rewards.pool import RewardPool
     from pc_megatron.rollout.config import SamplingParams
     from pc_megatron.rollout.engines import build_engine
+    from pc_megatron.run.prepare import initial_policy_dir, load_task
 
     cfg = load_config("tiny", ["eval.num_prompts=60", "eval.temperature=0"])
     policy = initial_policy_dir(cfg)
@@ -38,11 +38,11 @@ def test_evaluation_counts_the_rewards_that_timed_out_or_raised(cache_dir, monke
     """A held-out accuracy that falls because the reward failed must say so, as a training row does."""
     from pc_megatron.evaluate import evaluate
     from pc_megatron.model.tokenizer import load_tokenizer
-    from pc_megatron.prepare import initial_policy_dir, load_task
     from pc_megatron.rewards.config import RewardConfig
     from pc_megatron.rewards.pool import RewardPool
     from pc_megatron.rollout.config import SamplingParams
     from pc_megatron.rollout.engines import build_engine
+    from pc_megatron.run.prepare import initial_policy_dir, load_task
 
     monkeypatch.syspath_prepend(str(WORKERS))  # the pool hands sys.path to its workers
     cfg = load_config("tiny", ["eval.temperature=0"])
@@ -70,7 +70,7 @@ def test_expected_accuracy_is_the_exact_pass_rate_over_a_disjoint_held_out_set(c
     from pc_megatron.evaluate import expected_accuracy
     from pc_megatron.learner.learner import Learner
     from pc_megatron.model.tokenizer import load_tokenizer
-    from pc_megatron.prepare import initial_policy_dir, load_task
+    from pc_megatron.run.prepare import initial_policy_dir, load_task
 
     cfg = load_config("tiny", ["data.synthetic.num_eval_expected=300", "rollout.temperature=0.8"])
     task = load_task(cfg)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pc_megatron.errors import ConfigError
-from pc_megatron.files import atomic_write_text, claim_run_dir
+from pc_megatron.files import atomic_write_text
+from pc_megatron.run.folder import claim_run_dir
 
 
 def test_an_atomic_write_replaces_the_file_whole_and_leaves_no_temporary(tmp_path):

@@ -34,7 +34,7 @@ def test_a_hub_id_resolves_to_its_cached_snapshot_offline_and_a_folder_stays_a_f
 
 def test_a_run_starts_from_a_hub_id(tiny_model_dir, tmp_path, monkeypatch, cache_dir):
     from pc_megatron.config import load_config
-    from pc_megatron.prepare import base_model_dir
+    from pc_megatron.run.prepare import base_model_dir
 
     snapshot = _cache_with(tiny_model_dir, tmp_path / "hub")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -22,7 +22,7 @@ import pytest
 
 from pc_megatron.cli import main
 from pc_megatron.config import leaf_values, load_config, read_run_config
-from pc_megatron.observability import read_metrics
+from pc_megatron.run.logs import read_metrics
 from pc_megatron.train import stream_seed, train
 from tests.math_data import math_run_overrides
 from tests.settings import SMALL, comparable
@@ -86,7 +86,7 @@ def test_mlflow_holds_every_metric_of_the_run_at_its_steps_and_the_config_as_par
     uri = f"file://{run_dir.parent}/mlruns"
     (run,) = mlflow_runs(uri)
     assert run.info.run_name == "two" and run.info.status == "FINISHED" and summary["tracker_failures"] == {}
-    # the file store names a metric by a file: "/" in a key becomes "." there (pc_megatron/trackers.py)
+    # the file store names a metric by a file: "/" in a key becomes "." there (pc_megatron/run/trackers.py)
     assert mlflow_history(uri, run.info.run_id) == tracked(read_metrics(run_dir), lambda k: k.replace("/", "."))
     config = leaf_values(read_run_config(run_dir / "config.yaml"))
     resolved = {k: v for k, v in run.data.params.items() if k.startswith("resolved.")}
@@ -190,7 +190,7 @@ def test_learner_and_engine_logprobs_agree_every_step(two_step_run):
 
 
 def run_cli(args, cache_dir, env=None, **kw):
-    # not WANDB_SERVICE: a W&B run made in this process (tests/test_trackers.py) would lend the run its service
+    # not WANDB_SERVICE: a W&B run made in this process (tests/run/test_trackers.py) would lend the run its service
     inherited = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     env = {**inherited, "PC_MEGATRON_CACHE": str(cache_dir), **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "pc_megatron.cli", "train", *args], env=env, **kw)
@@ -411,7 +411,7 @@ def real_cache(cache_dir):
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
 def test_two_rl_steps_of_the_real_model_then_convert_answers_alike(real_cache, tmp_path, backend):
     from pc_megatron.cli import main
-    from pc_megatron.observability import read_metrics
+    from pc_megatron.run.logs import read_metrics
     from pc_megatron.train import train
 
     extra = [f"rollout.backend={backend}"] if backend == "vllm" else ["rollout.backend=hf"]
@@ -429,9 +429,9 @@ def test_two_rl_steps_of_the_real_model_then_convert_answers_alike(real_cache, t
     assert main(["convert", "--to", "hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
 
     from pc_megatron.evaluate import evaluate
-    from pc_megatron.prepare import prepare_run
     from pc_megatron.rewards.pool import RewardPool
     from pc_megatron.rollout.hf_engine import HFEngine
+    from pc_megatron.run.prepare import prepare_run
 
     prepared = prepare_run(cfg, progress=False)
     engine = HFEngine(tmp_path / "hf")  # transformers itself, on the converted folder
@@ -459,7 +459,7 @@ def test_hugging_face_folders_written_with_the_checkpoints_hold_the_trained_weig
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_000002"]  # step 1's went with its checkpoint
     folder = ckpts / "step_000002" / "huggingface"
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    from pc_megatron.prepare import prepare_run
+    from pc_megatron.run.prepare import prepare_run
 
     learner = Learner(prepare_run(cfg, progress=False).policy_dir, cfg.learner, seed=0)  # the starting weights ...
     tokens = torch.randint(3, hf.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))

@@ -19,9 +19,9 @@ import torch
 from pc_megatron import train as train_module
 from pc_megatron.config import load_config
 from pc_megatron.errors import TrainingError
-from pc_megatron.observability import read_metrics
 from pc_megatron.rollout import producer as producer_module
 from pc_megatron.rollout.generate import Rollouts
+from pc_megatron.run.logs import read_metrics
 from pc_megatron.train import train
 from tests.settings import SMALL, comparable, hang_generate_at
 

@@ -8,7 +8,7 @@ def test_default_recipe_uses_the_shipped_warm_start():
     """A change to the tiny recipe or the SFT procedure that orphans the shipped warm-start
     would make the default run retrain it (~7 min): re-ship with `pc-megatron warmstart --ship`."""
     from pc_megatron.model.arch import load_arch
-    from pc_megatron.prepare import initial_policy_dir
+    from pc_megatron.run.prepare import initial_policy_dir
     from pc_megatron.warmstart import SHIPPED
 
     path = initial_policy_dir(load_config("tiny"))

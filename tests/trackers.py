@@ -1,7 +1,7 @@
 """A real MLflow tracking server for the tests (``mlflow server`` on SQLite, in its own session), readers
 of what a run left in each tracker (an MLflow run's metric history, a W&B offline run's history: its
 ``.wandb`` files, read as W&B's own sync reads them), and what a tracker must hold of ``metrics.jsonl``
-(written here on purpose, not taken from ``pc_megatron/trackers.py``, whose rule it checks)."""
+(written here on purpose, not taken from ``pc_megatron/run/trackers.py``, whose rule it checks)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pc_megatron.observability import read_metrics  # noqa: E402
+from pc_megatron.run.logs import read_metrics  # noqa: E402
 from pc_megatron.stats import curve, format_interval, paired, paired_markdown, ratio_interval  # noqa: E402
 
 PHASES = (

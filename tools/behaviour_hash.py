@@ -135,7 +135,7 @@ def convert_hash() -> dict[str, str]:
     from safetensors.torch import load_file
 
     from pc_megatron.config import load_config
-    from pc_megatron.prepare import prepare_run
+    from pc_megatron.run.prepare import prepare_run
 
     policy_dir = prepare_run(load_config("tiny", ["progress=false"]), progress=False).policy_dir
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from pc_megatron.config import load_config
-from pc_megatron.observability import read_metrics
+from pc_megatron.run.logs import read_metrics
 from pc_megatron.train import train
 
 

@@ -240,7 +240,7 @@ def bench_rollout(repeats: int) -> dict:
 
     from pc_megatron.config import load_config
     from pc_megatron.model.tokenizer import load_tokenizer
-    from pc_megatron.prepare import load_task, warm_started
+    from pc_megatron.run.prepare import load_task, warm_started
     from pc_megatron.rollout.engines import build_engine
 
     cfg = load_config("tiny", ["progress=false"])

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pc_megatron.config import leaf_values, read_run_config
-from pc_megatron.observability import read_metrics
+from pc_megatron.run.logs import read_metrics
 from tests.settings import comparable
 from tests.trackers import mlflow_history, mlflow_runs, mlflow_server, numbers, tracked, wandb_history
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pc_megatron.observability import read_metrics
+from pc_megatron.run.logs import read_metrics
 from pc_megatron.stats import curve, paired, paired_markdown
 
 RUNS = {

@@ -153,7 +153,7 @@ part learner-dense 90 python3 tools/bench_learner.py --seq 1024 --batch 8 --step
 part cpu-tests-on-cuda 120 python3 -m pytest -q -p no:cacheprovider -m "not gpu and not slow" \
     tests/learner/test_learner.py tests/learner/test_export.py tests/learner/test_checkpoint_io.py \
     tests/weight_sync/test_mapping.py tests/rollout/test_hf_engine.py tests/test_batch.py tests/test_evaluate.py \
-    tests/test_phases.py tests/test_observability.py tests/algo tests/learner/test_microbatch.py \
+    tests/test_phases.py tests/run/test_logs.py tests/algo tests/learner/test_microbatch.py \
     tests/learner/test_layout.py
 
 summarise

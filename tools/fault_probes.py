@@ -305,7 +305,7 @@ def main() -> int:
             env.pop(k, None) if v is None else env.__setitem__(k, v)
         holder = None
         if p.holder is not None:  # another run holding the folder: the lock a run takes, held by a process
-            code = "import sys,time; from pathlib import Path; from pc_megatron.files import claim_run_dir; "
+            code = "import sys,time; from pathlib import Path; from pc_megatron.run.folder import claim_run_dir; "
             code += "c = claim_run_dir(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
             holder = subprocess.Popen([sys.executable, "-c", code, str(p.holder)], stdout=subprocess.PIPE, text=True)
             holder.stdout.readline()

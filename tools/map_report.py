@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pc_megatron.observability import POLICY_LABELS, read_metrics
+from pc_megatron.run.logs import POLICY_LABELS, read_metrics
 from pc_megatron.stats import curve, paired
 
 LEVELS = [

@@ -215,3 +215,13 @@ def megatron_to_hf_folder(src: str | Path, out_dir: str | Path, max_shard_gb: fl
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         copy_hf_side_files(side, tmp)
     return {"bytes": written, "seconds": time.perf_counter() - t0, "files": len(final_names)}
+
+
+def save_hf_folder(checkpoint: Path) -> Path:
+    """The checkpoint as a Hugging Face folder in ``checkpoint/huggingface`` (the conversion of
+    ``pc-megatron convert --to hf``: any layout, one layer in memory at a time, written to a temporary
+    folder and renamed, so a kill leaves none half-written)."""
+    out = checkpoint / "huggingface"
+    if not out.exists():  # a resume that saves the same step again keeps the one there
+        megatron_to_hf_folder(checkpoint, out, log=lambda *_: None)
+    return out

@@ -109,16 +109,12 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     return ckpt_root / name
 
 
-def load_latest(ckpt_root: Path) -> tuple[dict, Path] | None:
-    """``(loop state, checkpoint folder)`` of the newest complete checkpoint, or None."""
-    folder = latest_checkpoint(ckpt_root)
-    if folder is None:
-        return None
+def read_state(folder: Path, named_by: Path) -> dict:
+    """The state saved beside the learner in the checkpoint ``folder`` (``state.pt``, read as data only);
+    ``named_by``: the ``latest`` file that named it, for the error that says it is missing."""
     path = folder / "state.pt"
     if not path.is_file():
-        raise ModelFileError(
-            f"{path}: checkpoint named by {ckpt_root / 'latest'} is missing; the run directory was modified"
-        )
+        raise ModelFileError(f"{path}: checkpoint named by {named_by} is missing; the run directory was modified")
     try:
         with torch.serialization.safe_globals(legacy_globals()):  # an earlier version's checkpoint, as data
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -140,7 +136,7 @@ def load_latest(ckpt_root: Path) -> tuple[dict, Path] | None:
             f"{folder}: a checkpoint in the earlier format (learner state inside state.pt), which this version "
             "cannot resume; resume it with the pc-megatron version that wrote it, or start a new run directory"
         )
-    return state, folder
+    return state
 
 
 def export_hf(named_tensors: Iterable[tuple[str, torch.Tensor]], like_dir: Path, out_dir: Path) -> Path:

@@ -31,7 +31,7 @@ from typing import Any
 
 from pc_megatron.commands import add_recipe_arguments, recipe_and_overrides
 from pc_megatron.errors import ConfigError
-from pc_megatron.observability import POLICY_LABELS, plot_accuracy, read_metrics
+from pc_megatron.run.logs import POLICY_LABELS, plot_accuracy, read_metrics
 from pc_megatron.scheduler import POLICIES
 from pc_megatron.stats import area, curve, format_interval, interval, mean_curve, paired, paired_markdown, rollouts_to
 

@@ -73,7 +73,7 @@ def profile(cfg: RunConfig, out: Path, steps: int, warmup: int) -> dict:
     import torch
 
     from pc_megatron.errors import ConfigError
-    from pc_megatron.observability import read_metrics
+    from pc_megatron.run.logs import read_metrics
     from pc_megatron.train import train
 
     if steps < 1 or warmup < 0:

@@ -17,7 +17,7 @@ import itertools
 from pathlib import Path
 
 from pc_megatron.errors import UserError
-from pc_megatron.observability import benchmark_keys, read_metrics
+from pc_megatron.run.logs import benchmark_keys, read_metrics
 
 WASTE = ("wasted_filtered", "wasted_flushed", "wasted_surplus", "wasted_degenerate")
 

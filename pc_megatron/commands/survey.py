@@ -118,10 +118,10 @@ def survey(
     if samples is None:
         samples = max(16, cfg.algo.samples_per_prompt)
 
-    from pc_megatron.prepare import prepare_run
     from pc_megatron.rewards.pool import RewardPool
     from pc_megatron.rollout.engines import build_engine
     from pc_megatron.rollout.generate import encode_prompts, generate_and_score
+    from pc_megatron.run.prepare import prepare_run
 
     t0 = time.time()
     from pc_megatron.runtime.resources import resolve_run
@@ -214,7 +214,7 @@ def observed(run_dir: Path, steps: int) -> dict[str, Any]:
     trained groups that were all alike, rollouts generated per informative (mixed) trained group and
     rollouts generated per update."""
     from pc_megatron.config import read_run_config
-    from pc_megatron.observability import read_metrics
+    from pc_megatron.run.logs import read_metrics
 
     policy = read_run_config(run_dir / "config.yaml").scheduler.policy
     rows = [r for r in read_metrics(run_dir) if 0 < r["step"] <= steps and "trained_groups" in r]

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
 
     from pc_megatron.config import load_config
     from pc_megatron.errors import ConfigError
-    from pc_megatron.prepare import prepare_run
+    from pc_megatron.run.prepare import prepare_run
     from pc_megatron.warmstart import SHIPPED
 
     cfg = load_config(*recipe_and_overrides(args))

@@ -7,6 +7,6 @@
   computed once into the cache (``pc_megatron/warmstart.py``);
 - ``pools.py``: the RL pool chosen under that warm-start by exact pass rate (hard, easy, graded).
 
-``pc_megatron/prepare.py`` takes this path when the config names no data files and no generator.
+``pc_megatron/run/prepare.py`` takes this path when the config names no data files and no generator.
 No module imports are made here: ``model.config`` reads the tiny model's config without the rest.
 """

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 
 from pc_megatron.data.dataset import PromptRow
@@ -131,3 +132,10 @@ class Rollouts:
     def metrics(self) -> dict[str, int]:
         """The current step's counters."""
         return dict(self._counts)
+
+
+def stream_seed(seed: int, step: int, stream: int) -> int:
+    """Seed of random stream ``stream`` at ``step`` (0 = evaluation, 1 + k = the step's k-th
+    generate call): distinct for every (seed, step, stream), however many calls a step makes."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{stream}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % (2**31 - 1)

@@ -35,57 +35,9 @@ from dataclasses import dataclass
 
 from pc_megatron.errors import TrainingError
 from pc_megatron.phases import PhaseTimes
+from pc_megatron.rollout.fleet import EngineGate
 from pc_megatron.rollout.generate import Rollouts
 from pc_megatron.scheduler import Allocation, GenRequest, Group, OnGroup, Sample, Scheduler
-
-
-class EngineGate:
-    """One user of the engines at a time, with a deadline for whoever waits, and the intervals the
-    engines spent generating (for the busy and idle figures). The loop's holds (a weight sync, an
-    evaluation) go before the producer's next call: a sync waits for the call in flight only."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self._cond = threading.Condition()
-        self._holder = ""
-        self._since = 0.0
-        self._urgent = 0  # the loop's holds waiting: the producer lets them go first
-        self._busy: list[tuple[float, float]] = []  # (start, end) of generate calls, perf_counter clock
-
-    @contextlib.contextmanager
-    def hold(self, who: str, generating: bool = False, producer: bool = False) -> Iterator[None]:
-        """The engines for ``who`` until the block ends; ``generating``: counted as engine busy time;
-        ``producer``: a call of the rollout producer, which waits while the loop waits too."""
-        with self._cond:
-            self._urgent += not producer
-            try:
-                free = self._cond.wait_for(
-                    lambda: not self._holder and (not producer or not self._urgent), timeout=self.timeout_s
-                )
-            finally:
-                self._urgent -= not producer
-            if not free:
-                raise TrainingError(
-                    f"{who} waited {self.timeout_s:g} s for the engines, held by {self._holder or 'the loop'} for "
-                    f"{time.perf_counter() - self._since:.0f} s (a hung generate call or weight sync); the last "
-                    "checkpoint is intact: fix the cause and continue with `pc-megatron train --resume RUN_DIR`"
-                )
-            self._holder, self._since = who, time.perf_counter()
-        try:
-            yield
-        finally:
-            with self._cond:
-                if generating:
-                    self._busy.append((self._since, time.perf_counter()))
-                self._holder = ""
-                self._cond.notify_all()
-
-    def busy_within(self, start: float, end: float) -> float:
-        """Seconds of ``[start, end]`` (perf_counter clock) during which the engines generated; forgets
-        the intervals that ended before ``start``."""
-        with self._cond:
-            self._busy = [(a, b) for a, b in self._busy if b > start]
-            return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self._busy)
 
 
 @dataclass
@@ -327,3 +279,12 @@ def staleness_metrics(groups: list[Group], update_versions: list[int], version: 
             "rollout/commit_lag_mean": sum(commit_lags) / len(commit_lags),
         }
     return out
+
+
+def make_producer(
+    max_staleness: int, scheduler: Scheduler, rollouts: Rollouts, gate: EngineGate, version, streaming: bool
+) -> InlineProducer | ThreadedProducer:
+    """The producer of the loop's batches: made in the loop at η = 0, ahead in a thread at η >= 1."""
+    if max_staleness == 0:
+        return InlineProducer(scheduler, rollouts, gate, version, streaming)
+    return ThreadedProducer(scheduler, rollouts, gate, version, max_staleness, gate.timeout_s, streaming)

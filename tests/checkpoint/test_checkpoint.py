@@ -8,7 +8,7 @@ from pc_megatron.errors import ModelFileError
 
 
 def test_a_damaged_state_file_gets_the_same_clear_message_as_a_damaged_shard(tmp_path):
-    from pc_megatron.checkpoint.store import load_latest
+    from pc_megatron.run.state import load_latest
 
     step = tmp_path / "step_000002"
     step.mkdir()
@@ -24,7 +24,8 @@ def test_rotation_after_going_back_keeps_the_new_checkpoint_and_sets_the_abandon
     """checkpoint.keep_last after `latest` was pointed at an older step (a rollback): the checkpoint just
     written is kept and `latest` names it; the later steps of the abandoned future are set aside, not
     counted and not deleted; older ones beyond keep_last go."""
-    from pc_megatron.checkpoint.store import latest_checkpoint, load_latest, save_checkpoint
+    from pc_megatron.checkpoint.store import latest_checkpoint, save_checkpoint
+    from pc_megatron.run.state import load_latest
 
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):
@@ -55,7 +56,7 @@ class _WritesAFile:
 
 
 def test_a_crafted_state_file_whose_unpickling_runs_code_is_refused_and_runs_nothing(tmp_path):
-    from pc_megatron.checkpoint.store import load_latest
+    from pc_megatron.run.state import load_latest
 
     target = tmp_path / "written-by-the-checkpoint"
     step = tmp_path / "step_000002"
@@ -73,7 +74,8 @@ def test_the_replay_buffer_and_rng_states_come_back_from_plain_data(tmp_path):
     import numpy as np
 
     from pc_megatron.batch import Completion
-    from pc_megatron.checkpoint.store import load_latest, save_checkpoint
+    from pc_megatron.checkpoint.store import save_checkpoint
+    from pc_megatron.run.state import load_latest
     from pc_megatron.scheduler.types import Sample
 
     completion = Completion(7, [5, 6, 2], [-0.5, -1.25, -0.125], "stop", 3, [(0, 2), (2, 3)])
@@ -102,7 +104,7 @@ def test_a_checkpoint_of_the_earlier_pickled_format_still_resumes_as_data(tmp_pa
     import numpy as np
 
     from pc_megatron.batch import Completion
-    from pc_megatron.checkpoint.store import load_latest
+    from pc_megatron.run.state import load_latest
     from pc_megatron.scheduler.types import Sample
 
     Completion.__module__ = "pc_megatron.rollout.base"  # pickled under the name the earlier version gave it

@@ -3,7 +3,7 @@ every method at every seed, with intervals, finished runs reused."""
 
 import pytest
 
-from pc_megatron.observability import read_metrics
+from pc_megatron.run.logs import read_metrics
 from tests.settings import SMALL
 
 
@@ -40,7 +40,7 @@ def prepared_cache(cache_dir):
     write the same cache folders (one run saw the other's half-written config.json); in its first
     file (test_train_integration.py) this test always ran after a single run had prepared them."""
     from pc_megatron.config import load_config
-    from pc_megatron.prepare import prepare_run
+    from pc_megatron.run.prepare import prepare_run
 
     prepare_run(load_config("tiny", [*SMALL, "data.synthetic.num_eval_expected=200"]), progress=False)
     return cache_dir

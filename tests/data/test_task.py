@@ -10,7 +10,7 @@ from tests.math_data import INSTRUCTION, math_run_overrides
 def test_prompts_are_templated_instructed_and_length_limited(chat_model, math_data, tmp_path):
     from pc_megatron.data.task import prepare_prompts
     from pc_megatron.model.tokenizer import load_tokenizer
-    from pc_megatron.prepare import load_task
+    from pc_megatron.run.prepare import load_task
 
     cfg = load_config("tiny", math_run_overrides(chat_model, math_data, tmp_path))
     task = prepare_prompts(cfg.data, cfg.eval.sets, load_task(cfg), load_tokenizer(chat_model))

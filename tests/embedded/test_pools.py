@@ -10,12 +10,12 @@ from pc_megatron.config import load_config
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.embedded.pools import answer_pass_rates
 from pc_megatron.errors import ConfigError
-from pc_megatron.prepare import initial_policy_dir, load_task, rl_pool, warm_started
 from pc_megatron.rewards.config import RewardConfig
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.config import RolloutConfig
 from pc_megatron.rollout.engines import build_engine
 from pc_megatron.rollout.generate import encode_prompts, generate_and_score
+from pc_megatron.run.prepare import initial_policy_dir, load_task, rl_pool, warm_started
 from tests.settings import SMALL
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from pc_megatron.errors import TrainingError
 from pc_megatron.phases import PhaseTimes
-from pc_megatron.rollout.producer import EngineGate, InlineProducer, ThreadedProducer, staleness_metrics
+from pc_megatron.rollout.fleet import EngineGate
+from pc_megatron.rollout.producer import InlineProducer, ThreadedProducer, staleness_metrics
 from pc_megatron.scheduler import Group, Sample, Scheduler, SchedulerConfig
 
 

@@ -280,7 +280,7 @@ def test_the_training_loop_runs_on_the_vllm_engine(cache_dir, tmp_path):
     """Two GRPO steps with rollout.backend=vllm: every rollout is tagged with the version the
     engine served, the sync is exact (learner/engine mismatch at float noise) every step."""
     from pc_megatron.config import load_config
-    from pc_megatron.observability import read_metrics
+    from pc_megatron.run.logs import read_metrics
     from pc_megatron.train import train
 
     overrides = [*SMALL, "steps=2", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.125"]

@@ -25,35 +25,3 @@ def test_a_hung_engine_in_the_synchronous_loop_fails_the_run_within_its_deadline
         train(cfg, tmp_path / "hung")
     assert time.monotonic() - t0 < 90
     assert (tmp_path / "hung" / "checkpoints" / "latest").read_text() == "step_000001"
-
-
-def test_a_call_queued_behind_a_hung_one_names_it_and_a_known_hung_engine_is_not_queued_on():
-    import threading
-
-    from pc_megatron.runtime.local import DeadlineEngine
-
-    release = threading.Event()
-
-    class Stuck:
-        weight_version = 7
-
-        def generate(self, *args):
-            release.wait(60)
-            return ["done"]
-
-        def update_weights(self, named, version):
-            return {"weight_sync_s": 0.0}
-
-        def close(self):
-            release.set()
-
-    engine = DeadlineEngine(Stuck(), timeout_s=0.5)
-    with pytest.raises(TrainingError, match=r"generate call did not answer within rollout.timeout_s=0.5 s"):
-        engine.generate([[1]], 1, None, 0)
-    time.sleep(0.2)  # the generate call is now well past its deadline
-    t0 = time.monotonic()
-    with pytest.raises(TrainingError, match=r"update_weights call .* still in a generate call started \d+ s ago"):
-        engine.update_weights([], 1)
-    assert time.monotonic() - t0 < 0.4  # known hung: refused at once, not after another deadline
-    assert engine.weight_version == 7  # state is the engine's own
-    engine.close()

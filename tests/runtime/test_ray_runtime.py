@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("ray", reason="runtime=ray needs ray (in the test extra)")
 
 from pc_megatron.config import load_config
-from pc_megatron.observability import read_metrics
+from pc_megatron.run.logs import read_metrics
 from pc_megatron.runtime.ray_runtime import split_by_samples
 from pc_megatron.train import train
 from tests.settings import SMALL, comparable

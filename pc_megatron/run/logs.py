@@ -1,5 +1,5 @@
-"""Run-directory outputs: metrics.jsonl (and the trackers it feeds), the accuracy plot, the summary
-table, and the progress bar."""
+"""Run-directory outputs: the row logs (metrics.jsonl and the trackers it feeds, trained.jsonl,
+samples.jsonl), the accuracy plot, the summary table."""
 
 from __future__ import annotations
 
@@ -8,23 +8,18 @@ import math
 from pathlib import Path
 
 from pc_megatron.files import atomic_write_text
+from pc_megatron.run.state import keep_rows_through
 
 EVAL_KEY = "eval_accuracy"
 
 
 class StepLog:
     """A JSONL file of one object per step (each with a ``step``), appended and flushed row by row.
-
-    Rows after ``resume_step`` (the checkpoint step, or -1 for a fresh start) are dropped first, so
-    after a resume the file reads as if the run had never stopped; the kept rows are written to a
-    new file that replaces the old one, so a kill during the rewrite loses nothing, and a torn last
-    line (a kill mid-write) is dropped with the steps after the checkpoint."""
+    ``resume_step``: the rows after it are dropped first (``state.keep_rows_through``)."""
 
     def __init__(self, path: Path, resume_step: int) -> None:
         self.path = path
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
-            atomic_write_text(path, "".join(line + "\n" for line in kept))
+        keep_rows_through(path, resume_step)
         self._file = path.open("a", encoding="utf-8")
 
     def write(self, row: dict) -> None:
@@ -33,13 +28,6 @@ class StepLog:
 
     def close(self) -> None:
         self._file.close()
-
-
-def _step_of(line: str) -> float:
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return math.inf  # a torn line: only a kill mid-write leaves one, after the last checkpoint
 
 
 class MetricsLog(StepLog):
@@ -52,6 +40,27 @@ class MetricsLog(StepLog):
     def write(self, row: dict) -> None:
         super().write(row)
         self.trackers.log(row)
+
+
+class RunLogs:
+    """The row streams of a run folder, opened at one resume step: ``metrics.jsonl`` (every row also to
+    the trackers), ``trained.jsonl`` (the prompts each step trained) and ``samples.jsonl`` (completions
+    shown at each evaluation, also to the trackers)."""
+
+    def __init__(self, run_dir: Path, resume_step: int, trackers) -> None:
+        self.trackers = trackers
+        self.metrics = MetricsLog(run_dir, resume_step, trackers)
+        self.trained = StepLog(run_dir / "trained.jsonl", resume_step)
+        self.samples = StepLog(run_dir / "samples.jsonl", resume_step)
+
+    def shown(self, step: int, rows: list[dict]) -> None:
+        for sample in rows:
+            self.samples.write({"step": step, **sample})
+        self.trackers.samples(step, rows)
+
+    def close(self) -> None:
+        for log in (self.metrics, self.trained, self.samples):
+            log.close()
 
 
 EVAL_COUNTERS = ("eval/reward_timeouts", "eval/reward_errors")

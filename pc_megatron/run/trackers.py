@@ -20,7 +20,6 @@ each evaluation also go to TensorBoard, Weights & Biases or MLflow.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import queue
@@ -37,23 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from pc_megatron.errors import ConfigError
-from pc_megatron.files import atomic_write_text
+from pc_megatron.run.state import save_tracker_ids, tracker_ids
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
 PACKAGE = {"wandb": "wandb", "mlflow": "mlflow"}
 INSTALL = "pip install 'pc-megatron[trackers]'"
-STATE_FILE = "trackers.json"
 FLUSH_TIMEOUT_S = 60.0  # how long a checkpoint or the end of the run waits for a tracker to take its rows
 REACH_TIMEOUT_S = 5.0
-
-
-def check_loggers(loggers: list[str]) -> None:
-    """The ``loggers`` list itself: known names, none twice."""
-    for name in loggers:
-        if name not in TRACKERS:
-            raise ConfigError(f"loggers: '{name}' is not one of {', '.join(TRACKERS)}")
-    if len(set(loggers)) != len(loggers):
-        raise ConfigError(f"loggers: {list(loggers)} names a tracker twice")
 
 
 def check_trackers(loggers: list[str]) -> None:
@@ -295,8 +283,8 @@ class Trackers:
     ``resume_step``: the checkpoint step of a resumed run, -1 for a fresh one."""
 
     def __init__(self, loggers: list[str], run_dir: Path, params: dict, resume_step: int) -> None:
-        self.path = run_dir / STATE_FILE
-        saved = json.loads(self.path.read_text()) if resume_step >= 0 and self.path.exists() else {}
+        self.run_dir = run_dir
+        saved = tracker_ids(run_dir, resume_step)
         active = [name for name in loggers if name != "tensorboard"]
         # a tracker a resume leaves out keeps its entry: named again later, it continues its run
         self.state: dict[str, dict] = saved | {name: saved.get(name, {}) for name in active}
@@ -325,7 +313,7 @@ class Trackers:
             self._save()
 
     def _save(self) -> None:
-        atomic_write_text(self.path, json.dumps(self.state, indent=1))
+        save_tracker_ids(self.run_dir, self.state)
 
     def _failed(self, name: str, what: str, e: Exception) -> None:
         with self._lock:

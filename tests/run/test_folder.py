@@ -1,4 +1,4 @@
-"""What a run trains on, checked on resume (``pc_megatron/fingerprint.py``): data files changed on disk
+"""What a run trains on, checked on resume (``pc_megatron/run/folder.py``): data files changed on disk
 under the same names and a changed tokenizer are named; a key a later version adds is no difference.
 (A config.yaml edited by hand, end to end: tests/test_faults.py.)"""
 
@@ -10,7 +10,7 @@ from pc_megatron.config import load_config
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.data.task import Task
 from pc_megatron.errors import ConfigError
-from pc_megatron.fingerprint import check_resume, run_fingerprint
+from pc_megatron.run.folder import check_resume, run_fingerprint
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from pc_megatron import trackers as trackers_module
 from pc_megatron.config import load_config
 from pc_megatron.errors import ConfigError
-from pc_megatron.trackers import Trackers, check_trackers
+from pc_megatron.run import trackers as trackers_module
+from pc_megatron.run.trackers import Trackers, check_trackers
 from tests.trackers import free_port, mlflow_history, mlflow_runs, wandb_history
 
 ROWS = [{"step": s, "cum_rollouts": 32 * s, "reward_mean": 0.1 * s, "eval/mean": 0.5, "note": "x"} for s in range(5)]

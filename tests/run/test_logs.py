@@ -1,12 +1,12 @@
-"""Run records (``pc_megatron/observability.py``): the summary and its plot's labels, and which columns a
+"""Run records (``pc_megatron/run/logs.py``): the summary and its plot's labels, and which columns a
 report draws as benchmarks."""
 
 from __future__ import annotations
 
 import json
 
-from pc_megatron import observability
 from pc_megatron.config import load_config
+from pc_megatron.run import logs as observability
 
 
 def test_the_accuracy_plot_is_labelled_with_the_run_policy(tmp_path, monkeypatch):
@@ -26,7 +26,7 @@ def test_the_accuracy_plot_is_labelled_with_the_run_policy(tmp_path, monkeypatch
 def test_the_evaluations_reward_counters_are_not_plotted_as_benchmarks():
     """eval/reward_timeouts and eval/reward_errors share the eval/ prefix of eval.sets' accuracies: the
     report drew them as accuracy curves at zero."""
-    from pc_megatron.observability import benchmark_keys
+    from pc_megatron.run.logs import benchmark_keys
 
     rows = [{"step": 0, "eval/gsm8k": 0.4, "eval/mean": 0.4, "eval/reward_timeouts": 0, "eval/reward_errors": 1}]
     assert benchmark_keys(rows) == ["eval/gsm8k", "eval/mean"]

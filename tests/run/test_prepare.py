@@ -1,4 +1,4 @@
-"""Run preparation (``pc_megatron/prepare.py``): a real-data run never enters the embedded task's pool
+"""Run preparation (``pc_megatron/run/prepare.py``): a real-data run never enters the embedded task's pool
 selection."""
 
 from pathlib import Path
@@ -12,7 +12,7 @@ def test_a_real_data_run_never_enters_the_embedded_tasks_pool_selection(tmp_path
     code = (
         "import sys\n"
         "from pc_megatron.config import load_config\n"
-        "from pc_megatron.prepare import prepare_run\n"
+        "from pc_megatron.run.prepare import prepare_run\n"
         f"cfg = load_config('smollm2-arith', [\"model.fixture=''\", 'model.path={tmp_path / 'm'}', "
         "'warmstart.enabled=false', 'data.word_problems.num_train=20', 'data.word_problems.num_eval=5'])\n"
         "p = prepare_run(cfg, progress=False)\n"
