@@ -293,8 +293,6 @@ def validate(cfg: RunConfig) -> None:
     positive("steps", cfg.steps)
     threads_or_auto("threads", cfg.threads)
     threads_or_auto("rollout.threads", cfg.rollout.threads)
-    if cfg.runtime not in ("local", "ray"):  # the root's one choice (sections check their own)
-        raise ConfigError(f"runtime: '{cfg.runtime}' is not one of local, ray")
     check_loggers(cfg.loggers)
     for section in (cfg.algo, cfg.eval, cfg.data, cfg.model, cfg.checkpoint, cfg.ray, cfg.learner, cfg.rollout):
         section.validate()
@@ -308,7 +306,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(
             "data.train_path needs held-out data: set data.eval_path or eval.sets (held-out accuracy needs one)"
         )
-    cfg.rollout.weight_sync.check_runtime(cfg.runtime)
+    check_runtime(cfg)
     if cfg.rollout.inflight == "keep" and not (
         cfg.rollout.max_staleness and cfg.runtime == "local" and cfg.rollout.backend == "vllm"
     ):
@@ -343,3 +341,23 @@ def leaf_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
 def to_yaml(cfg: RunConfig) -> str:
     """The config as a recipe: ``load_config`` of this text gives ``cfg`` back."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def check_runtime(cfg: RunConfig) -> None:
+    """What ``runtime`` allows, in one place: ``local`` is one process (one learner rank, one engine, no
+    broadcast); ``ray`` places ranks and replicas as actors."""
+    if cfg.runtime not in ("local", "ray"):  # the root's one choice (sections check their own)
+        raise ConfigError(f"runtime: '{cfg.runtime}' is not one of local, ray")
+    if cfg.runtime == "ray":
+        return
+    if cfg.learner.world_size > 1:
+        raise ConfigError(
+            f"learner TP x PP x DP = {cfg.learner.world_size} ranks need runtime=ray (runtime=local is one process)"
+        )
+    if cfg.rollout.replicas > 1:
+        raise ConfigError("rollout.replicas > 1 needs runtime=ray (runtime=local runs one engine)")
+    if cfg.rollout.weight_sync.transport == "broadcast":
+        raise ConfigError(
+            "rollout.weight_sync.transport=broadcast needs runtime=ray (it sends from the learner to engines "
+            "in other processes); with runtime=local use auto"
+        )

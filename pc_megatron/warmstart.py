@@ -16,8 +16,8 @@ from pc_megatron.checkpoint.store import export_hf
 from pc_megatron.data.config import DataConfig
 from pc_megatron.data.dataset import PromptRow
 from pc_megatron.data.sampler import PromptSampler
-from pc_megatron.data.synthetic import split_fields
 from pc_megatron.data.task import config_hash
+from pc_megatron.embedded.task import split_fields
 from pc_megatron.errors import ConfigError
 from pc_megatron.files import atomic_write_text, one_at_a_time
 from pc_megatron.learner.config import LearnerConfig
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pc_megatron.config import WarmStartConfig
 
 WARMSTART_FORMAT = 1  # bump when the SFT procedure changes, to invalidate caches
-SHIPPED = Path(__file__).resolve().parent / "assets" / "warmstart"
+SHIPPED = Path(__file__).resolve().parent / "embedded" / "warmstart"
 
 
 def warm_start_key(model: ModelConfig, warmstart: WarmStartConfig, data: DataConfig, micro_batch_size: int) -> str:

@@ -42,8 +42,8 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
+    from pc_megatron.embedded.config import TinyModelConfig
     from pc_megatron.embedded.tiny_model import create_tiny_model
-    from pc_megatron.model.config import TinyModelConfig
 
     cfg = TinyModelConfig(num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256)
     return create_tiny_model(cfg, tmp_path_factory.mktemp("tiny") / "model")

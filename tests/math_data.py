@@ -21,8 +21,8 @@ def make_chat_model(out: Path) -> Path:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+    from pc_megatron.embedded.config import TinyModelConfig
     from pc_megatron.embedded.tiny_model import hf_config
-    from pc_megatron.model.config import TinyModelConfig
 
     specials = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     vocab = {t: i for i, t in enumerate(specials + sorted(set(string.printable) - set("\r\x0b\x0c")))}

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pc_megatron.data.synthetic import SyntheticTaskConfig, validate_mix, validate_pool
 from pc_megatron.data.word_problems import WordProblemsConfig
+from pc_megatron.embedded.config import SyntheticTaskConfig
+from pc_megatron.embedded.task import validate_mix, validate_pool
 from pc_megatron.errors import ConfigError, check_choices
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pc_megatron.data.config import DataConfig
 from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
-from pc_megatron.data.synthetic import expected_eval_rows, generate_splits, split_fields
+from pc_megatron.embedded.task import expected_eval_rows, generate_splits, split_fields
 
 
 @dataclass

@@ -23,8 +23,9 @@ import torch
 
 from pc_megatron.batch import sft_batch
 from pc_megatron.data.dataset import PromptRow, load_rows, write_jsonl
-from pc_megatron.data.synthetic import SyntheticTaskConfig, pool_candidates, split_fields
 from pc_megatron.data.task import Task, config_hash
+from pc_megatron.embedded.config import SyntheticTaskConfig
+from pc_megatron.embedded.task import pool_candidates, split_fields
 from pc_megatron.errors import ConfigError
 from pc_megatron.model.tokenizer import load_tokenizer
 

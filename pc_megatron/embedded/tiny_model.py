@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pc_megatron.model.config import TinyModelConfig
+from pc_megatron.embedded.config import TinyModelConfig
 
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 CHARS = "0123456789+-*/=()?., "

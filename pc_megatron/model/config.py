@@ -5,29 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pc_megatron.embedded.config import TinyModelConfig
 from pc_megatron.errors import ConfigError
-
-
-@dataclass
-class TinyModelConfig:
-    """Shape of the embedded Qwen2 policy (used when model.path is empty)."""
-
-    hidden_size: int = 256
-    """Model width; head_dim is fixed at 64 (the vLLM CPU backend requires it)."""
-    num_layers: int = 4
-    """Transformer layers."""
-    num_heads: int = 4
-    """Query heads (hidden_size / 64)."""
-    num_kv_heads: int = 2
-    """Key/value heads (GQA when < num_heads)."""
-    intermediate_size: int = 768
-    """SwiGLU hidden size."""
-    vocab_size: int = 64
-    """Embedding rows (>= tokenizer size, padded for alignment)."""
-    max_position_embeddings: int = 64
-    """Longest prompt + completion in tokens."""
-    init_seed: int = 0
-    """Seed of the random initialisation."""
 
 
 @dataclass

@@ -122,18 +122,15 @@ def tracker_status(kind: type | None) -> str:
 
 def preflight(cfg: RunConfig, policy_dir: Path) -> None:
     """What can fail before any process starts, checked first: the learner's layout against the
-    model's config.json (heads, KV heads, FFN, vocabulary, layers) and the runtime, the trackers, and a
+    model's config.json (heads, KV heads, FFN, vocabulary, layers), the local engine's weight route, the
+    trackers, and a
     cluster address that must answer."""
-    from pc_megatron.errors import ConfigError
     from pc_megatron.model.arch import load_arch
     from pc_megatron.weight_sync.sharding import check_divisible
 
     lc = cfg.learner
     check_divisible(load_arch(policy_dir), lc.tensor_parallel_size, lc.pipeline_parallel_size)
     check_trackers(cfg.loggers)
-    world = lc.tensor_parallel_size * lc.pipeline_parallel_size * lc.data_parallel_size
-    if cfg.runtime == "local" and world > 1:
-        raise ConfigError(f"learner TP x PP x DP = {world} ranks need runtime=ray (runtime=local is one process)")
     if cfg.runtime == "local" and cfg.rollout.backend == "vllm":  # the engine's workers and their one route
         from pc_megatron.weight_sync.routes import Slot, plan_routes
 

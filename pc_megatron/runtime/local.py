@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pc_megatron.errors import ConfigError
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.learner import Learner
 from pc_megatron.rollout.config import RolloutConfig
@@ -22,12 +21,6 @@ class LocalRuntime:
         reference: bool,
         engine_cores: tuple[int, ...] = (),
     ) -> None:
-        if lc.world_size > 1:
-            raise ConfigError(
-                f"learner TP x PP x DP = {lc.world_size} ranks need runtime=ray (runtime=local is one process)"
-            )
-        if rc.replicas > 1:
-            raise ConfigError("rollout.replicas > 1 needs runtime=ray (runtime=local runs one engine)")
         self.learner = Learner(policy_dir, lc, seed=seed)
         self.ref_learner = Learner(policy_dir, lc, seed=seed) if reference else None
         engine = build_engine(rc, policy_dir, learner_bf16=bool(self.learner.cfg.bf16), cpu_cores=engine_cores)

@@ -31,12 +31,3 @@ class WeightSyncConfig:
         check_choices(self, "rollout.weight_sync")
         if self.bucket_mb < 1:
             raise ConfigError("rollout.weight_sync.bucket_mb must be >= 1")
-
-    def check_runtime(self, runtime: str) -> None:
-        """The transport fits ``runtime``: broadcast sends from a learner in another process, so
-        runtime=local (learner and engine in one process) has nothing to broadcast to."""
-        if self.transport == "broadcast" and runtime != "ray":
-            raise ConfigError(
-                "rollout.weight_sync.transport=broadcast needs runtime=ray (it sends from the learner to engines "
-                "in other processes); with runtime=local use auto"
-            )

@@ -16,9 +16,9 @@ def _results(stats: dict) -> dict:
 
 
 def test_checkpoint_from_a_different_model_is_rejected(tiny_model_dir, tmp_path):
+    from pc_megatron.embedded.config import TinyModelConfig
     from pc_megatron.embedded.tiny_model import create_tiny_model
     from pc_megatron.errors import ModelFileError
-    from pc_megatron.model.config import TinyModelConfig
 
     other_dir = create_tiny_model(
         TinyModelConfig(num_layers=3, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256),

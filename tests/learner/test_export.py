@@ -15,8 +15,8 @@ from pc_megatron.learner.learner import Learner
 
 
 def test_weights_from_a_different_model_are_rejected(tmp_path, learner):
+    from pc_megatron.embedded.config import TinyModelConfig
     from pc_megatron.embedded.tiny_model import create_tiny_model
-    from pc_megatron.model.config import TinyModelConfig
 
     other = create_tiny_model(
         TinyModelConfig(num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=384),

@@ -263,8 +263,8 @@ def test_packed_micro_batches_on_gpu_equal_the_padded_ones(tmp_path, impl):
 def _fp8_model(folder):
     """A random Qwen2 of FP8-friendly widths (multiples of 16) whose vocabulary holds the ragged
     batch's token ids (< 96)."""
+    from pc_megatron.embedded.config import TinyModelConfig
     from pc_megatron.embedded.tiny_model import create_tiny_model
-    from pc_megatron.model.config import TinyModelConfig
 
     shape = TinyModelConfig(
         num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=128
@@ -364,8 +364,8 @@ def test_fp8_forward_backward_close_to_bf16(tmp_path, recipe):
     logits and gradients agree to FP8 precision."""
     pytest.importorskip("transformer_engine")
     from pc_megatron.algo.config import LossConfig
+    from pc_megatron.embedded.config import TinyModelConfig
     from pc_megatron.embedded.tiny_model import create_tiny_model
-    from pc_megatron.model.config import TinyModelConfig
 
     folder = create_tiny_model(
         TinyModelConfig(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512),

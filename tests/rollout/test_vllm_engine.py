@@ -45,8 +45,8 @@ PROMPTS = [torch.randint(2, 23, (int(n),), generator=GEN).tolist() for n in torc
 def untied_model_dir(tmp_path_factory):
     from transformers import Qwen2ForCausalLM
 
+    from pc_megatron.embedded.config import TinyModelConfig
     from pc_megatron.embedded.tiny_model import build_tokenizer, hf_config
-    from pc_megatron.model.config import TinyModelConfig
 
     cfg = TinyModelConfig(num_layers=2, hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256)
     tok = build_tokenizer()
@@ -371,8 +371,8 @@ def test_colocated_vllm_sleeps_wakes_and_takes_the_learners_weights_over_cuda_ip
     wakes it with the new weights; engine log-probs match the learner's to bf16 precision."""
     pytest.importorskip("vllm")
     from pc_megatron.algo.config import LossConfig
+    from pc_megatron.embedded.config import TinyModelConfig
     from pc_megatron.embedded.tiny_model import create_tiny_model
-    from pc_megatron.model.config import TinyModelConfig
     from pc_megatron.rollout.vllm_engine import VllmEngine
 
     folder = create_tiny_model(

@@ -1,6 +1,7 @@
-"""The embedded arithmetic task (``pc_megatron/data/synthetic.py``)."""
+"""The embedded arithmetic task (``pc_megatron/embedded/task.py``)."""
 
-from pc_megatron.data.synthetic import FAMILIES, SyntheticTaskConfig, generate_splits
+from pc_megatron.embedded.config import SyntheticTaskConfig
+from pc_megatron.embedded.task import FAMILIES, generate_splits
 
 
 def test_synthetic_task_is_deterministic_disjoint_and_correct():
