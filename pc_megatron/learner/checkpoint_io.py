@@ -70,6 +70,7 @@ def load_state(learner: Any, path: Path) -> int:
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException
 
+    from pc_megatron.learner.data_only import check_data_only
     from pc_megatron.learner.dist_reader import last_line
 
     meta = read_checkpoint_meta(path, learner.arch)
@@ -80,6 +81,7 @@ def load_state(learner: Any, path: Path) -> int:
             f"{str(learner.cfg.distributed_optimizer).lower()}; resume with the saved setting (the parallel "
             "sizes may change)"
         )
+    check_data_only(path)  # DCP would unpickle .metadata and the byte items as they are
     try:
         state = dist_checkpointing.load(_sharded_state(learner, loading=True), str(path))
     except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
