@@ -28,14 +28,16 @@ run=(docker run --rm --network host --ipc host --shm-size 64g --ulimit memlock=-
      -e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN -v "$shared:$shared" -w "$shared" --entrypoint "")
 # the interface NCCL and Gloo use between nodes, where the host has several
 [ -n "${NCCL_SOCKET_IFNAME:-}" ] && run+=(-e NCCL_SOCKET_IFNAME -e GLOO_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME")
+# Ray's folders inside a 0700 folder of this container's own (Ray opens its session folder to all)
+private_ray='d=$(mktemp -d /tmp/pcm-ray-XXXXXX) && exec ray start --temp-dir="$d/r"'
 case $role in
     head)
         exec "${run[@]}" --gpus all --name pcm-ray-head "$image" \
-            ray start --head --port="$PORT" --num-gpus="$(nvidia-smi -L | wc -l)" --block ;;
+            bash -c "$private_ray --head --port=$PORT --num-gpus=\$(nvidia-smi -L | wc -l) --block" ;;
     worker)
         head_ip=${1:?the IP address of the head node}
         exec "${run[@]}" --gpus all --name pcm-ray-worker "$image" \
-            ray start --address="$head_ip:$PORT" --num-gpus="$(nvidia-smi -L | wc -l)" --block ;;
+            bash -c "$private_ray --address=$head_ip:$PORT --num-gpus=\$(nvidia-smi -L | wc -l) --block" ;;
     train)
         recipe=${1:?a recipe (configs/... or a YAML in SHARED_DIR)}
         shift

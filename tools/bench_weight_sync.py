@@ -240,8 +240,8 @@ def bench_rollout(repeats: int) -> dict:
 
     from pc_megatron.config import load_config
     from pc_megatron.model.tokenizer import load_tokenizer
-    from pc_megatron.run.prepare import load_task, warm_started
     from pc_megatron.rollout.engines import build_engine
+    from pc_megatron.run.prepare import load_task, warm_started
 
     cfg = load_config("tiny", ["progress=false"])
     task = load_task(cfg)

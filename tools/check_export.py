@@ -27,10 +27,10 @@ def main() -> int:
     from pc_megatron.cli import main as cli
     from pc_megatron.config import load_config
     from pc_megatron.evaluate import evaluate
-    from pc_megatron.run.logs import read_metrics
-    from pc_megatron.run.prepare import prepare_run
     from pc_megatron.rewards.pool import RewardPool
     from pc_megatron.rollout.hf_engine import HFEngine
+    from pc_megatron.run.logs import read_metrics
+    from pc_megatron.run.prepare import prepare_run
 
     t0 = time.monotonic()
     if cli(["convert", "--to", "hf", str(args.run), str(args.out)]) != 0:

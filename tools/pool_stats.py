@@ -18,10 +18,10 @@ import torch
 
 from pc_megatron.config import load_config
 from pc_megatron.model.tokenizer import load_tokenizer
-from pc_megatron.run.prepare import load_task, rl_pool, warm_started
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.rollout.engines import build_engine
 from pc_megatron.rollout.generate import encode_prompts, generate_and_score
+from pc_megatron.run.prepare import load_task, rl_pool, warm_started
 
 
 def main() -> None:

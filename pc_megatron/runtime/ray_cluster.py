@@ -40,16 +40,20 @@ def _ray():
 
 
 def _temp_dir(rcfg: RayConfig, run_dir: Path) -> str:
+    """Ray's temp folder for this run (sockets, logs, the session's files), always inside a 0700 folder of
+    this user's: Ray opens its own folders to all (0777), so only a private folder around them keeps another
+    local user from swapping a socket or reading what passes through it. Beside the run (``run/ray/p/r``)
+    when that path is short enough for Ray's socket paths, else under ``/tmp`` (linked from ``run/ray``)."""
     want = Path(rcfg.temp_dir) if rcfg.temp_dir else run_dir.resolve() / "ray"
-    if len(str(want)) <= 60:
+    if len(str(want / "p" / "r")) <= 60:
         want.mkdir(parents=True, exist_ok=True)
-        return str(want)
-    digest = hashlib.sha1(str(want).encode()).hexdigest()[:10]
-    short = Path("/tmp") / f"pcm-ray-{os.getuid()}-{digest}"
+        private = want / "p"
+    else:
+        private = Path("/tmp") / f"pcm-ray-{os.getuid()}-{hashlib.sha1(str(want).encode()).hexdigest()[:10]}"
     with contextlib.suppress(FileExistsError):
-        short.mkdir(mode=0o700)
-    _check_own_folder(short)
-    inner = short / "r"  # Ray makes its own folder writable by all (0777): it lives inside ours, which is not
+        private.mkdir(mode=0o700)
+    _check_own_folder(private)
+    inner = private / "r"
     inner.mkdir(exist_ok=True)
     if not want.exists():
         want.parent.mkdir(parents=True, exist_ok=True)
@@ -58,14 +62,13 @@ def _temp_dir(rcfg: RayConfig, run_dir: Path) -> str:
 
 
 def _check_own_folder(folder: Path) -> None:
-    """A folder under the shared /tmp that Ray's session folder goes into: ours, and nobody else may
-    write into it (another user could otherwise have made it first and placed sockets or files there).
-    Ray itself sets its session folder to 0777, hence the folder of ours around it."""
+    """The folder Ray's session folder goes into: ours, and nobody else may enter it (another user could
+    otherwise have made it first, or reach Ray's 0777 folders through it and place sockets or files there)."""
     st = folder.lstat()
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise ConfigError(
-            f"{folder} (Ray's session folder for this run) is not a folder of this user's that only this user may "
-            f"write (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}): remove it, or set ray.temp_dir to "
+            f"{folder} (around Ray's session folder for this run) is not a folder of this user's that only this user "
+            f"may enter (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}): remove it, or set ray.temp_dir to "
             "a folder of your own"
         )
 

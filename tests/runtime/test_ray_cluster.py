@@ -3,6 +3,7 @@ nodes; engines on GPUs of their own never sleep."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,30 @@ def test_a_resumed_run_reuses_its_short_ray_folder_that_ray_opened_to_all(tmp_pa
         import shutil
 
         shutil.rmtree(first.parent, ignore_errors=True)
+
+
+def test_rays_folder_is_inside_a_private_folder_even_on_a_short_run_path():
+    """On a short run path Ray's folder sat in the run folder itself, which others may enter: Ray opens its
+    session folder to all (0777), so another local user could swap its sockets. It is always inside a 0700
+    folder of this user's; one that others may enter is refused in one line."""
+    import shutil
+    import tempfile
+
+    from pc_megatron.errors import ConfigError
+    from pc_megatron.runtime.config import RayConfig
+    from pc_megatron.runtime.ray_cluster import _temp_dir
+
+    short = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # a run path short enough for Ray's sockets
+    short.chmod(0o755)
+    ray_dir = Path(_temp_dir(RayConfig(), short))
+    assert len(str(ray_dir)) <= 60
+    walls = [p for p in ray_dir.parents if p.stat().st_mode & 0o077 == 0 and p.stat().st_uid == os.getuid()]
+    assert walls and walls[0].is_relative_to(short)  # beside the run, not under /tmp
+    ray_dir.chmod(0o777)  # what ray.init does to it
+    assert Path(_temp_dir(RayConfig(), short)) == ray_dir  # the resume finds it again
+    walls[0].chmod(0o755)
+    try:
+        with pytest.raises(ConfigError, match="only this user may enter"):
+            _temp_dir(RayConfig(), short)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
