@@ -291,6 +291,11 @@ def read_run_config(path: str | Path) -> RunConfig:
 def validate(cfg: RunConfig) -> None:
     """Each section validates itself; what spans sections is checked here."""
     positive("steps", cfg.steps)
+    if cfg.name in (".", "..") or "/" in cfg.name or "\\" in cfg.name or cfg.name.startswith("~"):
+        raise ConfigError(
+            f"name={cfg.name!r}: a run's folder name inside out_dir (no '/', '..' or absolute path); "
+            "set out_dir for where runs go"
+        )
     threads_or_auto("threads", cfg.threads)
     threads_or_auto("rollout.threads", cfg.rollout.threads)
     check_loggers(cfg.loggers)

@@ -34,6 +34,8 @@ def test_recipes_load_and_overrides_apply():
         ("learner.sequence_parallel=true", "learner.sequence_parallel needs learner.tensor_parallel_size > 1"),
         ("data.synthetic.pool=medium", "data.synthetic.pool: 'medium' is not one of hard, easy, graded"),
         ("data.synthetic.easy_pass_band=[0.8,0.2]", "data.synthetic.easy_pass_band must be [low, high]"),
+        ("name=../elsewhere", "name='../elsewhere': a run's folder name inside out_dir"),
+        ("name=/etc/runs", "name='/etc/runs': a run's folder name inside out_dir"),
         ("learner.tensor_parallel_size=2", "learner TP x PP x DP = 2 ranks need runtime=ray"),
         ("rollout.replicas=2", "rollout.replicas > 1 needs runtime=ray"),
         ("rollout.weight_sync.transport=broadcast", "transport=broadcast needs runtime=ray"),

@@ -72,3 +72,16 @@ def test_shared_work_is_done_by_one_process_and_the_second_finds_it(tmp_path):
         waited = time.monotonic() - t0
         assert result.is_dir()  # made by the first, which held the lock until it was done
     assert waited > 1.0 and first.wait() == 0
+
+
+def test_a_file_system_without_locks_is_one_line(tmp_path, monkeypatch):
+    """Some NFS and FUSE mounts answer flock with ENOLCK or EOPNOTSUPP: said in one line naming the fix."""
+    import errno
+    import fcntl
+
+    def no_locks(*_):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(ConfigError, match="its file system cannot lock files.*No locks available.*flock"):
+        claim_run_dir(tmp_path)

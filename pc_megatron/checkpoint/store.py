@@ -82,7 +82,7 @@ def _rotate(ckpt_root: Path, step: int, keep_last: int) -> None:
     """Keep the ``keep_last`` newest checkpoints up to ``step`` (the one just written among them).
     Checkpoints of later steps belong to a future the run went back from (``latest`` pointed at an
     older step): they are set aside as ``abandoned-step_N``, never counted, never deleted."""
-    complete = sorted(p for p in ckpt_root.glob("step_*") if p.name[5:].isdigit())
+    complete = sorted((p for p in ckpt_root.glob("step_*") if p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
     for later in (p for p in complete if int(p.name[5:]) > step):
         aside, k = later.with_name(f"abandoned-{later.name}"), 1
         while aside.exists():  # set aside before, by an earlier going back

@@ -128,13 +128,20 @@ def claim_run_dir(run_dir: Path) -> IO:
     f = open(run_dir / "run.lock", "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except (BlockingIOError, PermissionError):  # held by another process
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
         raise ConfigError(
             f"{run_dir} is in use by {holder} (its run.lock is held): two runs in one folder would overwrite each "
             "other's checkpoints; wait for it to end, or use another name="
+        ) from None
+    except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without locks (some NFS and FUSE mounts)
+        f.close()
+        raise ConfigError(
+            f"{run_dir}: its file system cannot lock files ({e.strerror or e}), so two runs in this folder could "
+            "not be kept apart; put out_dir on a file system with flock (a local disk, NFSv4, Lustre mounted "
+            "with -o flock: docs/CLUSTER.md)"
         ) from None
     f.seek(0)
     f.truncate()

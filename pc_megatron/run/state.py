@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from pc_megatron.checkpoint.store import latest_checkpoint, read_state, save_checkpoint, set_rng_state
+from pc_megatron.errors import ModelFileError
 from pc_megatron.files import atomic_write_text
 from pc_megatron.run.folder import check_resume
 
@@ -56,7 +57,7 @@ class RunState:
         self.found = load_latest(self.root) if resume else None
         if self.found is not None:
             check_resume(self.found[0].get("fingerprint"), fingerprint, str(self.found[1]))
-        self.loop = LoopState(**self.found[0]["loop"]) if self.found is not None else LoopState()
+        self.loop = _loop_state(*self.found) if self.found is not None else LoopState()
 
     @property
     def resume_step(self) -> int:
@@ -69,14 +70,33 @@ class RunState:
             return
         state, path = self.found
         learner.load(path / "learner")
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
+        try:
+            scheduler.load_state_dict(state["scheduler"])
+            set_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError) as e:
+            what = f"its scheduler or rng state does not fit this version: {type(e).__name__}: {e}"
+            raise _other_version(path, what) from None
 
     def save(self, scheduler_state: dict, keep_last: int, hf_side: Path, learner) -> Path:
         """A checkpoint of ``self.loop.step``: ``scheduler_state`` is the scheduler as it was when that
         step's batch was made."""
         state = {"scheduler": scheduler_state, "loop": asdict(self.loop), "fingerprint": self.fingerprint}
         return save_checkpoint(self.root, self.loop.step, state, keep_last, hf_side, learner)
+
+
+def _loop_state(state: dict, folder: Path) -> LoopState:
+    saved = state.get("loop", {})
+    unknown = sorted(set(saved) - {f.name for f in fields(LoopState)})
+    if unknown:
+        raise _other_version(folder, f"its loop state holds {unknown}, which this version does not know")
+    return LoopState(**saved)
+
+
+def _other_version(folder: Path, what: str) -> ModelFileError:
+    return ModelFileError(
+        f"{folder / 'state.pt'}: written by another version of pc-megatron ({what[:200]}); resume it with the "
+        "version that wrote it, or start a new run directory"
+    )
 
 
 def keep_rows_through(path: Path, step: int) -> None:

@@ -118,3 +118,15 @@ def test_a_checkpoint_of_the_earlier_pickled_format_still_resumes_as_data(tmp_pa
     (tmp_path / "latest").write_text("step_000004")
     back, _ = load_latest(tmp_path)
     assert back["scheduler"]["buffer"] == buffer and back["rng"]["numpy"][1].dtype == np.uint32
+
+
+def test_rotation_orders_steps_as_numbers_past_six_digits(tmp_path):
+    """``step_1000000`` sorts after ``step_999999`` (by name it sorts before it, and rotation deleted the
+    newest checkpoint)."""
+    from pc_megatron.checkpoint.store import latest_checkpoint, save_checkpoint
+
+    root = tmp_path / "checkpoints"
+    for step in (999_998, 999_999, 1_000_000):
+        save_checkpoint(root, step, {"loop": {"step": step}}, keep_last=2)
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_1000000", "step_999999"]
+    assert latest_checkpoint(root).name == "step_1000000"
