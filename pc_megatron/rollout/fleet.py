@@ -25,10 +25,23 @@ from pc_megatron.rollout.base import RolloutEngine
 from pc_megatron.rollout.config import RolloutConfig
 
 
+class ProducerStopped(Exception):
+    """The producer was asked to stop while it waited for the engines: the batch it was making is dropped."""
+
+
 class EngineGate:
-    """One user of the engines at a time, with a deadline for whoever waits, and the intervals the
-    engines spent generating (for the busy and idle figures). The loop's holds (a weight sync, an
-    evaluation) go before the producer's next call: a sync waits for the call in flight only."""
+    """One user of the engines at a time, and the intervals the engines spent generating (for the busy
+    and idle figures). The loop's holds (a weight sync, an evaluation) go before the producer's next call:
+    a sync waits for the call in flight only.
+
+    Deadlines bound calls, not the waits behind other bounded calls: every engine call carries its own
+    deadline (``BoundedEngine`` here, the actor call under Ray), so
+    - the loop, waiting behind one producer call, gives up after ``timeout_s`` + ``grace_s``;
+    - the producer, waiting behind the loop (an evaluation of many calls, a sync), waits as long as the
+      loop's own bounded calls take, and leaves at once when it is asked to stop (``stopping``)."""
+
+    grace_s = 30.0
+    """Beyond ``timeout_s``, for a bounded call to report that it hung."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -39,22 +52,24 @@ class EngineGate:
         self._busy: list[tuple[float, float]] = []  # (start, end) of generate calls, perf_counter clock
 
     @contextlib.contextmanager
-    def hold(self, who: str, generating: bool = False, producer: bool = False) -> Iterator[None]:
+    def hold(
+        self, who: str, generating: bool = False, producer: bool = False, stopping: Callable[[], bool] | None = None
+    ) -> Iterator[None]:
         """The engines for ``who`` until the block ends; ``generating``: counted as engine busy time;
-        ``producer``: a call of the rollout producer, which waits while the loop waits too."""
+        ``producer``: a call of the rollout producer, which waits while the loop waits too, and raises
+        ``ProducerStopped`` once ``stopping()`` is true."""
         with self._cond:
             self._urgent += not producer
             try:
-                free = self._cond.wait_for(
-                    lambda: not self._holder and (not producer or not self._urgent), timeout=self.timeout_s
-                )
+                free = self._wait(producer, stopping)
             finally:
                 self._urgent -= not producer
             if not free:
                 raise TrainingError(
-                    f"{who} waited {self.timeout_s:g} s for the engines, held by {self._holder or 'the loop'} for "
-                    f"{time.perf_counter() - self._since:.0f} s (a hung generate call or weight sync); the last "
-                    "checkpoint is intact: fix the cause and continue with `pc-megatron train --resume RUN_DIR`"
+                    f"{who} waited {self.timeout_s + self.grace_s:g} s for the engines, held by "
+                    f"{self._holder or 'the loop'} for {time.perf_counter() - self._since:.0f} s (a hung generate "
+                    "call); the last checkpoint is intact: fix the cause and continue with "
+                    "`pc-megatron train --resume RUN_DIR`"
                 )
             self._holder, self._since = who, time.perf_counter()
         try:
@@ -65,6 +80,21 @@ class EngineGate:
                     self._busy.append((self._since, time.perf_counter()))
                 self._holder = ""
                 self._cond.notify_all()
+
+    def _wait(self, producer: bool, stopping: Callable[[], bool] | None) -> bool:
+        """Under the lock: wait for the engines (the producer also for the loop's waiters to go first)."""
+        if not producer:
+            return self._cond.wait_for(lambda: not self._holder, timeout=self.timeout_s + self.grace_s)
+        while self._holder or self._urgent:
+            if stopping is not None and stopping():
+                raise ProducerStopped()
+            self._cond.wait(timeout=0.5)
+        return True
+
+    def wake(self) -> None:
+        """Wake the waiters (the producer, to see that it is asked to stop)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def busy_within(self, start: float, end: float) -> float:
         """Seconds of ``[start, end]`` (perf_counter clock) during which the engines generated; forgets

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from pc_megatron.errors import TrainingError
 from pc_megatron.phases import PhaseTimes
-from pc_megatron.rollout.fleet import EngineGate
+from pc_megatron.rollout.fleet import EngineGate, ProducerStopped
 from pc_megatron.rollout.generate import Rollouts
 from pc_megatron.scheduler import Allocation, GenRequest, Group, OnGroup, Sample, Scheduler
 
@@ -60,20 +60,42 @@ class Produced:
         return [g.prompt for g in self.allocation.groups]
 
 
+class Pace:
+    """Whether the producer is asked to stop, and when its last engine call ended (the loop's deadline
+    for a batch runs from there: a batch of several rounds is not one call)."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self.last = time.monotonic()
+
+    def stopping(self) -> bool:
+        return self.stop
+
+    def progressed(self) -> None:
+        self.last = time.monotonic()
+
+
 class GatedGenerate:
     """The scheduler's ``generate`` (``Rollouts``) with the engines held for each call, and its ``stream``
     where streaming is on (None otherwise: the policies take the barrier)."""
 
-    def __init__(self, rollouts: Rollouts, gate: EngineGate, times: PhaseTimes, who: str, streaming: bool) -> None:
-        self.rollouts, self.gate, self.times, self.who = rollouts, gate, times, who
+    def __init__(
+        self, rollouts: Rollouts, gate: EngineGate, times: PhaseTimes, who: str, streaming: bool, pace: Pace
+    ) -> None:
+        self.rollouts, self.gate, self.times, self.who, self.pace = rollouts, gate, times, who, pace
         self.stream = self._stream if streaming else None
 
     @contextlib.contextmanager
     def _held(self) -> Iterator[None]:
+        if self.pace.stopping():  # a batch that would be thrown away: not one more call for it
+            raise ProducerStopped()
         with contextlib.ExitStack() as held:
             with self.times("engine_wait"):  # a weight sync or an evaluation holding the engines
-                held.enter_context(self.gate.hold(self.who, generating=True, producer=True))
+                held.enter_context(
+                    self.gate.hold(self.who, generating=True, producer=True, stopping=self.pace.stopping)
+                )
             yield
+        self.pace.progressed()
 
     def __call__(self, requests: list[GenRequest]) -> list[list[Sample]]:
         with self._held():
@@ -143,7 +165,7 @@ class ThreadedProducer:
         self.weights_step = 0
         self._made: dict[int, Produced] = {}
         self._cond = threading.Condition()
-        self._stop = False
+        self._pace = Pace()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._working_on: tuple[int, float] | None = None  # (step, since) of the batch being made
@@ -163,19 +185,30 @@ class ThreadedProducer:
         try:
             for step in range(first_step, last_step + 1):
                 with self._cond:
-                    self._cond.wait_for(lambda s=step: self._stop or self.admits(s))
-                    if self._stop:
+                    self._cond.wait_for(lambda s=step: self._pace.stop or self.admits(s))
+                    if self._pace.stop:
                         return
                     self._working_on = (step, time.perf_counter())
+                    self._pace.progressed()
                 times = PhaseTimes()
                 version, weights = self.policy_version(), self.weights_step
                 made = make_batch(
-                    self.scheduler, self.rollouts, self.gate, step, times, version, weights, self.streaming
+                    self.scheduler,
+                    self.rollouts,
+                    self.gate,
+                    step,
+                    times,
+                    version,
+                    weights,
+                    self.streaming,
+                    pace=self._pace,
                 )
                 with self._cond:
                     self._made[step] = made
                     self._working_on = None
                     self._cond.notify_all()
+        except ProducerStopped:  # asked to stop: the batch in the making is dropped
+            return
         except BaseException as e:  # handed to the loop's next take()
             with self._cond:
                 self._error = e
@@ -187,19 +220,22 @@ class ThreadedProducer:
             self._cond.notify_all()
 
     def take(self, step: int, times: PhaseTimes) -> Produced:
-        """Batch ``step`` (waited for: the learner's idle time, phase ``wait_rollout``)."""
+        """Batch ``step`` (waited for: the learner's idle time, phase ``wait_rollout``). The wait gives up
+        when the producer's last engine call ended more than ``timeout_s`` + the gate's grace ago (each
+        call is bounded; a batch of several rounds may take longer than one)."""
         with times("wait_rollout"), self._cond:
-            deadline = time.monotonic() + self.timeout_s
+            start = time.monotonic()
             while step not in self._made and self._error is None:
                 if not self._thread or not self._thread.is_alive():
                     raise TrainingError(f"the rollout producer stopped before making the batch of step {step}")
-                left = deadline - time.monotonic()
+                left = max(start, self._pace.last) + self.timeout_s + self.gate.grace_s - time.monotonic()
                 if left <= 0:
                     on = self._working_on
                     doing = f"making step {on[0]}'s batch for {time.perf_counter() - on[1]:.0f} s" if on else "idle"
                     raise TrainingError(
-                        f"waited {self.timeout_s:g} s for the batch of step {step} from the rollout producer ({doing}; "
-                        f"the engines serve update {self.weights_step}'s weights); the last checkpoint is intact: fix "
+                        f"waited {time.monotonic() - start:.0f} s for the batch of step {step} from the rollout "
+                        f"producer ({doing}, no engine call ended for {self.timeout_s + self.gate.grace_s:g} s; the "
+                        f"engines serve update {self.weights_step}'s weights); the last checkpoint is intact: fix "
                         "the cause and continue with `pc-megatron train --resume RUN_DIR`"
                     )
                 self._cond.wait(timeout=min(left, 1.0))
@@ -208,10 +244,12 @@ class ThreadedProducer:
             return self._made.pop(step)
 
     def close(self) -> None:
-        """Stop making batches: the call in flight finishes (bounded by the engines' own deadlines)."""
+        """Stop making batches: the call in flight finishes (bounded by the engines' own deadlines); no
+        further call starts for a batch that would be thrown away."""
         with self._cond:
-            self._stop = True
+            self._pace.stop = True
             self._cond.notify_all()
+        self.gate.wake()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s)
             self._thread = None
@@ -227,12 +265,14 @@ def make_batch(
     weights_step: int,
     streaming: bool,
     copy: bool = True,
+    pace: Pace | None = None,
 ) -> Produced:
     """One step's allocation: ``scheduler.next_batch`` with every generate call holding the engines.
     ``streaming``: the policy may stream (``Rollouts.stream``); ``copy``: the scheduler's state is copied
     (it will change before the loop saves it)."""
     rollouts.begin_step(step, times)
-    generate = GatedGenerate(rollouts, gate, times, f"the rollout producer (step {step}'s batch)", streaming)
+    who = f"the rollout producer (step {step}'s batch)"
+    generate = GatedGenerate(rollouts, gate, times, who, streaming, pace or Pace())
     with times("scheduler"):  # its own decisions; the fleet and reward calls it makes are timed apart
         allocation = scheduler.next_batch(step, generate, policy_version=policy_version)
     return Produced(

@@ -118,6 +118,7 @@ def test_a_weight_sync_waits_for_the_generate_call_in_flight():
 
 def test_a_held_gate_fails_the_waiter_within_its_deadline_naming_the_holder():
     gate = EngineGate(timeout_s=0.3)
+    gate.grace_s = 0.0
     release = threading.Event()
 
     def holder():
@@ -141,10 +142,11 @@ def test_a_held_gate_fails_the_waiter_within_its_deadline_naming_the_holder():
 def test_a_stalled_producer_fails_the_loop_within_its_deadline():
     rollouts = FakeRollouts([0.5] * 200)
     rollouts.block.clear()  # the engines never answer
-    producer, _ = _producer("grpo", 1, rollouts, timeout_s=0.5)
+    producer, gate = _producer("grpo", 1, rollouts, timeout_s=0.5)
+    gate.grace_s = 0.0
     producer.start(1, 3, weights_step=0)
     t0 = time.monotonic()
-    with pytest.raises(TrainingError, match="waited 0.5 s for the batch of step 1 from the rollout producer"):
+    with pytest.raises(TrainingError, match=r"waited \d+ s for the batch of step 1 from the rollout producer.*0.5 s"):
         producer.take(1, PhaseTimes())
     assert time.monotonic() - t0 < 3
     rollouts.block.set()
@@ -170,3 +172,64 @@ def test_staleness_counts_updates_between_the_sampling_and_the_training_weights(
     assert out["rollout/staleness_max"] == 2  # version 2: updates 2 and 3 since
     assert out["rollout/staleness_mean"] == pytest.approx((2 * 2 + 1 * 2 + 2 * 2 + 0 * 6) / 12)  # token-weighted
     assert out["rollout/commit_lag_max"] == 2  # a pilot of version 2 committed by version 6
+
+
+def test_at_eta_one_an_evaluation_longer_than_the_call_deadline_passes():
+    """The loop holds the engines for an evaluation of 1.5 x ``rollout.timeout_s`` (many calls, each
+    bounded): the producer waits behind it and the run goes on (it died there, "a hung call")."""
+    rollouts = FakeRollouts([0.5] * 200)
+    producer, gate = _producer("grpo", 1, rollouts, timeout_s=0.4)
+    gate.grace_s = 0.0
+    with gate.hold("the held-out evaluation at step 0", generating=True):
+        producer.start(1, 2, weights_step=0)
+        time.sleep(0.6)
+    try:
+        assert producer.take(1, PhaseTimes()).step == 1
+    finally:
+        producer.close()
+
+
+def test_a_batch_of_three_rounds_each_shorter_than_the_deadline_passes():
+    """DAPO refills a batch in rounds; three calls of 0.6 x ``rollout.timeout_s`` each make one batch of
+    1.8 x: the loop's wait is bounded per call, not per batch."""
+    rollouts = FakeRollouts([0.5 if p % 10 == 0 else 0.0 for p in range(200)], delay_s=0.3)  # few mixed groups
+    sched = Scheduler(SchedulerConfig(policy="dapo", max_rounds=3), 200, 4, 8, seed=1)
+    gate = EngineGate(0.5)
+    gate.grace_s = 0.0
+    producer = ThreadedProducer(sched, rollouts, gate, lambda: 0, 1, 0.5)
+    rollouts.producer = producer
+    producer.start(1, 1, weights_step=0)
+    try:
+        made = producer.take(1, PhaseTimes())
+    finally:
+        producer.close()
+    assert len(rollouts.calls) == 3 and made.step == 1
+
+
+def test_a_hung_call_still_fails_the_loop_within_the_deadline_and_its_grace():
+    rollouts = FakeRollouts([0.5] * 200)
+    rollouts.block.clear()  # the engines never answer (an engine without its own deadline)
+    producer, gate = _producer("grpo", 1, rollouts, timeout_s=0.3)
+    gate.grace_s = 0.2
+    producer.start(1, 2, weights_step=0)
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError, match="no engine call ended for 0.5 s"):
+        producer.take(1, PhaseTimes())
+    assert time.monotonic() - t0 < 0.5 + 1.5
+    rollouts.block.set()
+    producer.close()
+
+
+def test_stopping_does_not_wait_for_the_rest_of_a_batch_that_is_thrown_away():
+    """close() (a second signal, an error, the stop after a SIGTERM's checkpoint) lets the call in flight
+    finish and starts no further call of the batch."""
+    rollouts = FakeRollouts([0.5 if p % 10 == 0 else 0.0 for p in range(200)], delay_s=0.5)  # several rounds
+    sched = Scheduler(SchedulerConfig(policy="dapo", max_rounds=4), 200, 4, 8, seed=1)
+    gate = EngineGate(30.0)
+    producer = ThreadedProducer(sched, rollouts, gate, lambda: 0, 1, 30.0)
+    rollouts.producer = producer
+    producer.start(1, 1, weights_step=0)
+    time.sleep(0.2)  # inside the first round's call
+    t0 = time.monotonic()
+    producer.close()
+    assert time.monotonic() - t0 < 0.9 and len(rollouts.calls) == 1
