@@ -75,9 +75,11 @@ class RolloutConfig:
     replicas: int = 1
     """Engine replicas (runtime=ray); a request list is split across them by samples."""
     timeout_s: float = 1800.0
-    """Deadline of one engine call under runtime=ray (a hung engine fails the step with a clear error),
-    and of every wait for the engines: a weight sync or an evaluation waiting for a generate call, the
-    loop waiting for a batch made ahead."""
+    """Deadline of one engine call (a hung engine fails the step with a clear error). Waits behind other
+    calls are bounded by theirs: a weight sync or an evaluation waits for the generate call in flight at
+    most this + 30 s; the loop waits for a batch made ahead until no engine call has ended for this + 30 s
+    (a batch of several rounds may take longer); the producer waits behind an evaluation or a sync as long
+    as they take (rollout/fleet.py)."""
     inflight: Literal["drain", "keep"] = "drain"
     """Requests generating when a weight update arrives (rollout.max_staleness >= 1): 'drain' = the
     update waits for the generate call in flight to finish; 'keep' = the requests are paused and kept,
