@@ -7,8 +7,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from pc_megatron.errors import ConfigError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -30,16 +33,43 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.close(fd)
 
 
+WAIT_FOR_OTHERS_S = 6 * 3600.0
+"""How long ``one_at_a_time`` waits for another process's work (a warm-start of a large model takes hours)."""
+
+
 @contextlib.contextmanager
-def one_at_a_time(lock_path: Path) -> Iterator[None]:
-    """Only one process at a time inside (an exclusive lock on ``lock_path``, waited for): for work
-    that two runs may start at once on one shared result, such as computing a cached warm-start. Check
-    for the result again once inside: the process before may have made it."""
+def one_at_a_time(lock_path: Path, what: str = "shared work", deadline_s: float | None = None) -> Iterator[None]:
+    """Only one process at a time inside (an exclusive lock on ``lock_path``): for work that two runs may
+    start at once on one shared result, such as computing a cached warm-start. Check for the result again
+    once inside: the process before may have made it. A wait says once who holds the lock (the pid it
+    wrote), and gives up after ``deadline_s`` (default ``WAIT_FOR_OTHERS_S``) naming it: a hung or
+    stopped holder does not hold this run forever."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + (WAIT_FOR_OTHERS_S if deadline_s is None else deadline_s)
     with open(lock_path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        said = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except (BlockingIOError, PermissionError):
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                if time.monotonic() > deadline:
+                    raise ConfigError(
+                        f"{what}: waited for {holder} (it holds {lock_path}) longer than the deadline; if it is "
+                        "stuck, stop it, or remove the lock file once no process uses it"
+                    ) from None
+                if not said:
+                    print(f"waiting for {holder}, which is computing {what} ({lock_path})", flush=True)
+                    said = True
+                time.sleep(1.0)
         try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()}\n")
+            f.flush()
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)

@@ -61,7 +61,7 @@ def ensure_warm_start(
         raise ConfigError("warmstart.enabled needs SFT rows: set warmstart.data_path or disable the warm-start")
     # two runs starting at once compute it once: the second waits, then finds it (it would otherwise
     # replace the folder under the first run's feet)
-    with one_at_a_time(out.with_name(f"{out.name}.lock")):
+    with one_at_a_time(out.with_name(f"{out.name}.lock"), f"the warm-start {out.name}"):
         if (out / "model.safetensors").is_file():
             return out
         return _train_warm_start(out, warmstart, learner, base, sft, progress)

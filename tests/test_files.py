@@ -85,3 +85,29 @@ def test_a_file_system_without_locks_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(fcntl, "flock", no_locks)
     with pytest.raises(ConfigError, match="its file system cannot lock files.*No locks available.*flock"):
         claim_run_dir(tmp_path)
+
+
+def test_a_wait_for_shared_work_names_the_holder_and_gives_up_after_its_deadline(tmp_path, capsys):
+    """A run that waits for a warm-start another run computes says who computes it, and a hung holder
+    does not hold it forever (it waited without end, silently)."""
+    import subprocess
+    import sys
+
+    from pc_megatron.files import one_at_a_time
+
+    lock = tmp_path / "ws.lock"
+    code = (
+        "import sys, time; from pathlib import Path; from pc_megatron.files import one_at_a_time\n"
+        "with one_at_a_time(Path(sys.argv[1])):\n"
+        "    print('in', flush=True); time.sleep(30)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "in"
+        with pytest.raises(ConfigError, match=rf"the warm-start ab12: waited for pid {holder.pid} .*longer than"):
+            with one_at_a_time(lock, "the warm-start ab12", deadline_s=1.5):
+                pass
+        assert f"waiting for pid {holder.pid}, which is computing the warm-start ab12" in capsys.readouterr().out
+    finally:
+        holder.kill()
+        holder.wait()

@@ -20,9 +20,11 @@ each evaluation also go to TensorBoard, Weights & Biases or MLflow.
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import queue
+import re
 import secrets
 import socket
 import sys
@@ -42,6 +44,38 @@ PACKAGE = {"wandb": "wandb", "mlflow": "mlflow"}
 INSTALL = "pip install 'pc-megatron[trackers]'"
 FLUSH_TIMEOUT_S = 60.0  # how long a checkpoint or the end of the run waits for a tracker to take its rows
 REACH_TIMEOUT_S = 5.0
+START_TIMEOUT_S = 60.0  # how long a tracker may take to start (or resume) its run
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of any URL in it (``scheme://user:password@host``) replaced by ``***``:
+    MLFLOW_TRACKING_URI and WANDB_BASE_URL may carry them, and messages go to logs."""
+    return re.sub(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@", r"\1***@", text)
+
+
+def start_within(name: str, make: Callable[[], Any], timeout_s: float) -> Any:
+    """``make()`` (a tracker starting or resuming its run) on a thread of its own, given up after
+    ``timeout_s``: a server that answers its health check but not its API would hold the start (and the
+    run folder's lock) for its client's retries, ~20 minutes for MLflow's."""
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            box["made"] = make()
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=go, name=f"pcm-start-{name}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise ConfigError(
+            f"loggers: {name} did not start its run within {timeout_s:g} s (its server answers but its API does "
+            f"not?): fix the server, or drop {name} from loggers"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["made"]
 
 
 def check_trackers(loggers: list[str]) -> None:
@@ -67,14 +101,23 @@ def _check_mlflow_server() -> None:
     uri = mlflow.get_tracking_uri()
     if urllib.parse.urlparse(uri).scheme not in ("http", "https"):
         return  # a local store (a folder, a SQLite file): created on first use
+    parts = urllib.parse.urlparse(uri)
+    request = urllib.request.Request(
+        parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl().rstrip("/") + "/health"
+    )
+    if parts.username:  # credentials in the address: sent as basic auth, as MLflow's client does
+        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S) as r:
+        with urllib.request.urlopen(request, timeout=REACH_TIMEOUT_S) as r:
             r.read()
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise ConfigError(
-            f"loggers: mlflow: the tracking server MLFLOW_TRACKING_URI={uri} does not answer ({reason}): start it, "
-            "fix the address, or unset MLFLOW_TRACKING_URI to log to a local store"
+            redact(
+                f"loggers: mlflow: the tracking server MLFLOW_TRACKING_URI={uri} does not answer ({reason}): start "
+                "it, fix the address, or unset MLFLOW_TRACKING_URI to log to a local store"
+            )
         ) from None
 
 
@@ -89,8 +132,10 @@ def _check_wandb_server() -> None:
         socket.create_connection((url.hostname, port), timeout=REACH_TIMEOUT_S).close()
     except OSError as e:
         raise ConfigError(
-            f"loggers: wandb logs online (WANDB_MODE={mode}) but {base} cannot be reached ({e}): set "
-            "WANDB_MODE=offline to log to the run directory and `wandb sync` it later, or fix the network"
+            redact(
+                f"loggers: wandb logs online (WANDB_MODE={mode}) but {base} cannot be reached ({e}): set "
+                "WANDB_MODE=offline to log to the run directory and `wandb sync` it later, or fix the network"
+            )
         ) from None
 
 
@@ -298,9 +343,14 @@ class Trackers:
             for name in active:
                 kind = WandB if name == "wandb" else MLflow
                 try:
-                    tracker = kind(run_dir, params, self.state[name])
+                    make = lambda k=kind, n=name: k(run_dir, params, self.state[n])  # noqa: E731
+                    tracker = start_within(name, make, START_TIMEOUT_S)
+                except ConfigError as e:
+                    raise ConfigError(redact(str(e))) from None
                 except Exception as e:
-                    raise ConfigError(f"loggers: {name} could not start its run: {type(e).__name__}: {e}") from None
+                    raise ConfigError(
+                        redact(f"loggers: {name} could not start its run: {type(e).__name__}: {e}")
+                    ) from None
                 self.background[name] = _Background(tracker, self._took, self._failed)
                 self._save()
         except BaseException:
@@ -320,7 +370,7 @@ class Trackers:
             self.failures[name] = self.failures.get(name, 0) + 1
             first = self.failures[name] == 1
         if first:
-            msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            msg = redact(f"{type(e).__name__}: {e}").splitlines()[0][:300]
             print(
                 f"warning: tracker {name}: {what} failed ({msg}); training goes on, later failures are counted "
                 "(summary.json: tracker_failures)",

@@ -167,3 +167,60 @@ def test_a_hung_tracker_server_never_holds_a_step(monkeypatch, tmp_path, mlflow_
     t.close("FINISHED")
     (run,) = mlflow_runs(mlflow_tracking.uri, "hung")
     assert mlflow_history(mlflow_tracking.uri, run.info.run_id)["cum_rollouts"] == [(s, 32.0 * s) for s in range(5)]
+
+
+class _HalfAlive:
+    """An MLflow server that answers its health check and never its API (a stuck database behind it)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        release = self.release = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path.rstrip("/").endswith("/health"):
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(b"OK")
+                    return
+                release.wait(120)
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.uri = f"http://user:s3cret@127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+
+
+def test_a_half_alive_tracking_server_stops_the_start_within_its_deadline(monkeypatch, tmp_path):
+    """Its health check answers, its API hangs: the start gives up after START_TIMEOUT_S in one line (it
+    held the start, and the run folder's lock, for MLflow's retries: ~20 minutes), and the credentials
+    in the address are shown nowhere."""
+    server = _HalfAlive()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    monkeypatch.setattr(trackers_module, "START_TIMEOUT_S", 2.0)
+    try:
+        check_trackers(["mlflow"])  # the health check passes
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError, match="mlflow did not start its run within 2 s") as e:
+            Trackers(["mlflow"], tmp_path, PARAMS, -1)
+        assert time.monotonic() - t0 < 10 and "s3cret" not in str(e.value)
+    finally:
+        server.close()
+
+
+def test_credentials_in_a_tracker_address_are_redacted_from_messages(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:hunter2@127.0.0.1:{free_port()}")
+    with pytest.raises(ConfigError, match=r"http://\*\*\*@127.0.0.1") as e:
+        check_trackers(["mlflow"])
+    assert "hunter2" not in str(e.value) and "alice" not in str(e.value)
