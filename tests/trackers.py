@@ -104,6 +104,22 @@ def mlflow_history(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
     return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
 
 
+def mlflow_latest(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """``key -> [(step, value), ...]``: at each step the value logged last (a resume logs the steps it
+    redoes again; MLflow keeps every value, the latest is the run's)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    out = {}
+    for k in client.get_run(run_id).data.metrics:
+        latest: dict[int, tuple[int, float]] = {}
+        for m in client.get_metric_history(run_id, k):
+            if m.step not in latest or m.timestamp >= latest[m.step][0]:
+                latest[m.step] = (m.timestamp, m.value)
+        out[k] = sorted((step, v) for step, (_, v) in latest.items())
+    return out
+
+
 def wandb_records(path: Path):
     """The records of one ``.wandb`` file: LevelDB's log format (32 KiB blocks of chunks, each with a
     7-byte header: CRC, length, type) after a 7-byte W&B header, each record a protobuf."""

@@ -28,7 +28,7 @@ import time
 from multiprocessing.connection import Connection, wait
 
 from pc_megatron.errors import RewardError
-from pc_megatron.lifetime import die_with_parent
+from pc_megatron.lifetime import die_with_parent, spawn
 from pc_megatron.rewards import RewardResult, build_reward
 from pc_megatron.rewards.config import RewardConfig
 
@@ -50,7 +50,7 @@ class Scored:
 class _Worker:
     def __init__(self, cfg: RewardConfig) -> None:
         ours, theirs = socket.socketpair()
-        self.proc = subprocess.Popen(
+        self.proc = spawn(  # from a thread that outlives every caller's: the worker dies with the process only
             [sys.executable, "-m", "pc_megatron.rewards.pool", str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,

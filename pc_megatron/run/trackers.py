@@ -182,20 +182,27 @@ class WandB:
     """A W&B run. W&B writes behind: its own process keeps rows in memory and writes them every
     ``WRITE_BEHIND_S`` (W&B's default is 15 s). So a row is only counted as kept (``durable``) once a
     checkpoint's ``flush`` has waited out that interval; a row W&B loses to a kill between two
-    checkpoints is sent again after the resume, and W&B keeps the first copy of a step it has."""
+    checkpoints is sent again after the resume. The steps a resume redoes are sent again only where the
+    run can be rewound (``resume_from``, online); offline W&B keeps the first copy of a step it has."""
 
     name = "wandb"
     durable = False  # a row W&B took is kept only after its next write (``flush``)
     WRITE_BEHIND_S = 1.0
 
-    def __init__(self, run_dir: Path, params: dict, state: dict) -> None:
+    def __init__(self, run_dir: Path, params: dict, state: dict, resume_step: int = -1) -> None:
         import wandb
 
         self.wandb = wandb
-        state.setdefault("id", secrets.token_hex(4))
+        kw: dict[str, Any] = {"id": state.setdefault("id", secrets.token_hex(16)), "resume": "allow"}
+        self.redoes = False  # W&B keeps the first copy of a step it has, unless the run is rewound
+        if "last_step" not in state:
+            kw["resume"] = "never"  # a fresh run: an id that exists already is an error, not a merge
+        elif 0 <= resume_step < state["last_step"] and os.environ.get("WANDB_MODE", "online") == "online":
+            # the steps after the checkpoint are redone: rewind the W&B run to there (a server feature)
+            kw = {"resume_from": f"{state['id']}?_step={resume_step + 1}"}
+            self.redoes = True
         self.run = wandb.init(
-            id=state["id"],
-            resume="allow",  # a resumed run continues the same W&B run
+            **kw,
             name=run_dir.name,
             project=None if os.environ.get("WANDB_PROJECT") else "pc-megatron",
             dir=os.environ.get("WANDB_DIR") or str(run_dir),
@@ -232,7 +239,9 @@ class MLflow:
     durable = True
     MAX_PARAM = 6000  # MLflow's limit on a parameter's value
 
-    def __init__(self, run_dir: Path, params: dict, state: dict) -> None:
+    redoes = True  # a metric's history keeps every value: a redone step's value is logged again, the latest
+
+    def __init__(self, run_dir: Path, params: dict, state: dict, resume_step: int = -1) -> None:
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
@@ -334,6 +343,7 @@ class Trackers:
         # a tracker a resume leaves out keeps its entry: named again later, it continues its run
         self.state: dict[str, dict] = saved | {name: saved.get(name, {}) for name in active}
         self.failures: dict[str, int] = {}
+        self.dead: set[str] = set()  # a tracker that did not take its rows within a flush: not waited for again
         self._lock = threading.Lock()
         self.local: list[TensorBoard] = []
         self.background: dict[str, _Background] = {}
@@ -343,7 +353,7 @@ class Trackers:
             for name in active:
                 kind = WandB if name == "wandb" else MLflow
                 try:
-                    make = lambda k=kind, n=name: k(run_dir, params, self.state[n])  # noqa: E731
+                    make = lambda k=kind, n=name: k(run_dir, params, self.state[n], resume_step)  # noqa: E731
                     tracker = start_within(name, make, START_TIMEOUT_S)
                 except ConfigError as e:
                     raise ConfigError(redact(str(e))) from None
@@ -351,6 +361,8 @@ class Trackers:
                     raise ConfigError(
                         redact(f"loggers: {name} could not start its run: {type(e).__name__}: {e}")
                     ) from None
+                if 0 <= resume_step < self.state[name].get("last_step", -1) and tracker.redoes:
+                    self.state[name]["last_step"] = resume_step  # kept is what the checkpoint covers: redo after it
                 self.background[name] = _Background(tracker, self._took, self._failed)
                 self._save()
         except BaseException:
@@ -402,7 +414,11 @@ class Trackers:
         for t in self.local:
             t.flush()
         for name, bg in self.background.items():
+            if name in self.dead and not bg.wait(0.0):  # still behind: not waited for at every checkpoint
+                continue
+            self.dead.discard(name)  # caught up
             if not bg.wait(FLUSH_TIMEOUT_S):
+                self.dead.add(name)
                 self._failed(name, f"delivering within {FLUSH_TIMEOUT_S:.0f} s", TimeoutError("no answer"))
                 continue
             if not bg.tracker.durable and bg.taken > self.state[name].get("last_step", -1):  # new rows only
@@ -416,7 +432,7 @@ class Trackers:
         for name, bg in self.background.items():
             bg.put("close", -1, status)
             bg.calls.put(None)
-            if not bg.wait(FLUSH_TIMEOUT_S):
+            if not bg.wait(FLUSH_TIMEOUT_S):  # the end waits once more, even for a tracker seen dead
                 left = bg.calls.unfinished_tasks
                 self._failed(name, f"the last {left} calls, not delivered in {FLUSH_TIMEOUT_S:.0f} s", TimeoutError())
             elif not bg.tracker.durable and bg.taken >= 0:

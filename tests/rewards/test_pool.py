@@ -121,3 +121,28 @@ def test_a_worker_in_a_hung_reward_dies_with_a_sigkilled_driver(tmp_path):
     driver.wait()
     _gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"reward workers outlived the killed driver: {[p.pid for p in alive]}"
+
+
+def test_workers_started_from_a_thread_that_ends_keep_serving():
+    """At η >= 1 the producer thread starts replacement workers; the parent-death signal fires when the
+    starting *thread* ends, so those workers died while the last steps and the evaluation still scored."""
+    import threading
+
+    made: list[RewardPool] = []
+
+    def start_and_score() -> None:  # the workers are up (and watching their parent) before the thread ends
+        pool = RewardPool(RewardConfig(workers=2))
+        pool.score(["1", "2"], ["1", "2"], ["x", "y"])
+        made.append(pool)
+
+    t = threading.Thread(target=start_and_score)
+    t.start()
+    t.join()
+    (pool,) = made
+    try:
+        time.sleep(0.5)
+        assert all(w.proc.poll() is None for w in pool._workers)
+        scored = pool.score(["3", "4"], ["3", "5"], ["a", "b"])
+        assert [r.correct for r in scored.results] == [True, False] and scored.errors == 0
+    finally:
+        pool.close()

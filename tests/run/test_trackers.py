@@ -22,7 +22,7 @@ from pc_megatron.config import load_config
 from pc_megatron.errors import ConfigError
 from pc_megatron.run import trackers as trackers_module
 from pc_megatron.run.trackers import Trackers, check_trackers
-from tests.trackers import free_port, mlflow_history, mlflow_runs, wandb_history
+from tests.trackers import free_port, mlflow_history, mlflow_latest, mlflow_runs, wandb_history
 
 ROWS = [{"step": s, "cum_rollouts": 32 * s, "reward_mean": 0.1 * s, "eval/mean": 0.5, "note": "x"} for s in range(5)]
 SAMPLES = [
@@ -89,9 +89,11 @@ def test_wandb_and_mlflow_hold_every_row_and_samples_and_a_resume_continues_the_
     state = json.loads((run_dir / "trackers.json").read_text())
     assert state["wandb"]["last_step"] == state["mlflow"]["last_step"] == 3
 
-    # a resume from the checkpoint at step 1: steps 2 and 3 are redone, the trackers keep their first copies
+    # a resume from the checkpoint at step 1: steps 2 and 3 are redone, and come out otherwise (at η >= 1 or
+    # on a GPU): MLflow logs them again and the latest value is the run's; W&B offline keeps its first copies
+    redone = [{**row, "reward_mean": row["reward_mean"] + 1.0} for row in ROWS[2:]]
     t = Trackers(["wandb", "mlflow"], run_dir, {**PARAMS, "steps": 5}, resume_step=1)
-    for row in ROWS[2:]:
+    for row in redone:
         t.log(row)
     t.flush()
     t.close("FINISHED")
@@ -105,7 +107,9 @@ def test_wandb_and_mlflow_hold_every_row_and_samples_and_a_resume_continues_the_
     assert run.data.params["steps"] == "5"  # a key a resume added
     history = mlflow_history(mlflow_tracking.uri, run.info.run_id)
     assert set(history) == {"cum_rollouts", "reward_mean", "eval/mean"}  # numbers only; not the step itself
-    assert history["cum_rollouts"] == [(s, 32.0 * s) for s in range(5)]  # each step once
+    latest = mlflow_latest(mlflow_tracking.uri, run.info.run_id)
+    assert latest["reward_mean"] == [(r["step"], pytest.approx(r["reward_mean"])) for r in ROWS[:2] + redone]
+    assert latest["cum_rollouts"] == [(s, 32.0 * s) for s in range(5)]
     from mlflow import MlflowClient
 
     client = MlflowClient(mlflow_tracking.uri)
@@ -116,6 +120,8 @@ def test_wandb_and_mlflow_hold_every_row_and_samples_and_a_resume_continues_the_
     ids, rows = wandb_history(run_dir / "wandb")
     assert ids == {state["wandb"]["id"]}  # two offline sessions of one W&B run
     assert [r["_step"] for r in rows] == [0, 1, 2, 3, 4]
+    firsts = [r["reward_mean"] for r in ROWS[:4]] + [redone[-1]["reward_mean"]]  # offline: a step's first copy
+    assert [r["reward_mean"] for r in rows] == pytest.approx(firsts)
     assert [r["cum_rollouts"] for r in rows] == [32 * s for s in range(5)] and rows[3][
         "eval_samples/_type"
     ] == "table-file"
@@ -161,6 +167,9 @@ def test_a_hung_tracker_server_never_holds_a_step(monkeypatch, tmp_path, mlflow_
         assert time.monotonic() - t0 < 0.5
         t.flush()
         assert 2.0 <= time.monotonic() - t0 < 10 and t.failures == {"mlflow": 1}
+        t1 = time.monotonic()
+        t.flush()  # the next checkpoint: a tracker known to be behind is not waited for again
+        assert time.monotonic() - t1 < 0.5
     finally:
         os.killpg(mlflow_tracking.proc.pid, signal.SIGCONT)
     monkeypatch.setattr(trackers_module, "FLUSH_TIMEOUT_S", 60.0)
