@@ -73,7 +73,13 @@ WHAT = {
     "train_data": "the training prompts and answers",
     "eval_data": "the held-out prompts and answers",
     "tokenizer": "the tokenizer (vocabulary, special tokens, chat template)",
+    "tokenization": "how the tokenizer splits text (the ids of a probe text)",
+    "weights": "the starting (and reference) weights (their safetensors headers and sizes)",
+    "reward": "the reward function's source",
 }
+PROBE = "Ava has 47 apples; 47 + 28 = 75. The answer is \\boxed{75}.\n  ½ café, ÄÖÜ, 12,345.6 -> 你好 🙂"
+"""Text whose ids show how the tokenizer splits (merges, normalisation, pre-tokenisation), which its
+vocabulary and special tokens alone do not."""
 
 
 def _rows(rows) -> list[tuple[str, str, str]]:
@@ -86,17 +92,47 @@ def tokenizer_digest(tokenizer: Any) -> str:
     return config_hash([type(tokenizer).__name__, vocab, special, getattr(tokenizer, "chat_template", None)])
 
 
-def run_fingerprint(cfg: RunConfig, task: Task, tokenizer: Any) -> dict[str, Any]:
+def run_fingerprint(cfg: RunConfig, task: Task, tokenizer: Any, policy_dir: Path | None = None) -> dict[str, Any]:
     """The config's fixed keys as they are (a key a later version adds is not a difference), the
-    inputs as hashes."""
+    inputs as hashes: data, tokenizer and how it splits text, the starting weights (``policy_dir``), the
+    reward function's source."""
     fixed = {k: v for k, v in leaf_values(cfg).items() if not k.startswith(RESUME_SAFE)}
     held_out = [_rows(task.eval), *[(name, _rows(rows)) for name, rows, _ in task.sets]]
-    return {
+    out = {
         "config": json.loads(json.dumps(fixed, default=str)),
         "train_data": f"{len(task.train)} rows, {config_hash(_rows(task.train))}",
         "eval_data": config_hash(held_out),
         "tokenizer": tokenizer_digest(tokenizer),
+        "tokenization": config_hash(list(tokenizer.encode(PROBE, add_special_tokens=False))),
     }
+    if cfg.reward.function:  # a user's reward (the built-in ones are this version's code, like the rest)
+        out["reward"] = reward_digest(cfg.reward.function)
+    if policy_dir is not None:
+        out["weights"] = weights_digest(Path(policy_dir))
+    return out
+
+
+def weights_digest(folder: Path) -> str:
+    """Each safetensors file's name, size and header (every tensor's name, dtype, shape and offsets)."""
+    parts = []
+    for f in sorted(folder.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            parts.append([f.name, f.stat().st_size, fh.read(min(n, 100_000_000)).decode("utf-8", "replace")])
+    return config_hash(parts)
+
+
+def reward_digest(function: str) -> str:
+    """The source of the module of a user's reward ``module:function``."""
+    import importlib.util
+
+    name = function.partition(":")[0]
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    origin = Path(spec.origin) if spec is not None and spec.origin else None
+    return config_hash([name, origin.read_text() if origin is not None and origin.is_file() else None])
 
 
 def check_resume(saved: dict[str, Any] | None, now: dict[str, Any], checkpoint: str) -> None:
@@ -110,8 +146,8 @@ def check_resume(saved: dict[str, Any] | None, now: dict[str, Any], checkpoint: 
     if keys:
         shown = ", ".join(f"{k}: {was[k]!r} -> {is_[k]!r}" for k in keys[:4]) + (", ..." if len(keys) > 4 else "")
         parts.append(f"{WHAT['config']} ({shown})")
-    for k in ("train_data", "eval_data", "tokenizer"):
-        if k in saved and saved[k] != now[k]:
+    for k in ("train_data", "eval_data", "tokenizer", "tokenization", "weights", "reward"):
+        if k in saved and k in now and saved[k] != now[k]:  # a part a checkpoint predates is not compared
             parts.append(f"{WHAT[k]} ({saved[k]} at the checkpoint, {now[k]} now)")
     if parts:
         raise ConfigError(

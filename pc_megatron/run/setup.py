@@ -65,7 +65,9 @@ def open_run(given: RunConfig, folder: RunFolder) -> Iterator[Run]:
     preflight(cfg, prepared.policy_dir)
     with contextlib.ExitStack() as stack:
         stack.enter_context(contextlib.closing(folder.claim()))  # let go however the run ends (a kill too)
-        state = RunState(folder.path, run_fingerprint(cfg, prepared.task, prepared.tokenizer), folder.resume)
+        state = RunState(
+            folder.path, run_fingerprint(cfg, prepared.task, prepared.tokenizer, prepared.policy_dir), folder.resume
+        )
         if folder.resume and (accepted := folder.on_resume()) is not None:
             accepted()
         folder.write_config(resolved_header(given, resolved), given)

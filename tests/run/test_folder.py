@@ -56,3 +56,52 @@ def test_config_keys_are_compared_as_values_and_a_key_a_later_version_adds_is_no
     with pytest.raises(ConfigError, match=r"the config's keys a resume may not change \(seed: 0 -> 7\)"):
         check_resume(saved, run_fingerprint(changed, _task(["1"]), tokenizer), "ckpt")
     check_resume(None, saved, "ckpt")  # a checkpoint written before fingerprints: nothing to compare
+
+
+def test_a_resume_on_other_weights_another_split_or_another_reward_source_is_named(tokenizer, tiny_model_dir, tmp_path):
+    """What config.yaml does not show: the starting weights replaced under the same folder, a tokenizer
+    that splits text otherwise with the same vocabulary, a user's reward function edited in place."""
+    import shutil
+    import sys
+
+    reward = tmp_path / "my_reward.py"
+    reward.write_text("def score(completion, answer):\n    return completion.strip() == answer\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        cfg = load_config("tiny", ["reward.function=my_reward:score"])
+        policy = tmp_path / "policy"
+        shutil.copytree(tiny_model_dir, policy)
+        saved = run_fingerprint(cfg, _task(["1"]), tokenizer, policy)
+        check_resume(saved, run_fingerprint(cfg, _task(["1"]), tokenizer, policy), "ckpt")  # the same inputs
+        reward.write_text("def score(completion, answer):\n    return answer in completion\n")
+        with pytest.raises(ConfigError, match="the reward function's source"):
+            check_resume(saved, run_fingerprint(cfg, _task(["1"]), tokenizer, policy), "ckpt")
+        reward.write_text("def score(completion, answer):\n    return completion.strip() == answer\n")
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(policy / "model.safetensors")
+        weights["extra.bias"] = next(iter(weights.values())).new_zeros(3)
+        save_file(weights, policy / "model.safetensors", metadata={"format": "pt"})
+        with pytest.raises(ConfigError, match="the starting .and reference. weights"):
+            check_resume(saved, run_fingerprint(cfg, _task(["1"]), tokenizer, policy), "ckpt")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_reward", None)
+
+
+def test_a_tokenizer_that_splits_otherwise_is_named(tokenizer):
+    cfg = load_config("tiny")
+    saved = run_fingerprint(cfg, _task(["1"]), tokenizer)
+
+    class Splits:  # the same vocabulary, special tokens and template; other ids for the same text
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def encode(self, text, add_special_tokens=True):
+            return list(reversed(self.inner.encode(text, add_special_tokens=add_special_tokens)))
+
+    with pytest.raises(ConfigError, match="how the tokenizer splits text"):
+        check_resume(saved, run_fingerprint(cfg, _task(["1"]), Splits(tokenizer)), "ckpt")
