@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import re
 import shutil
 import socket
@@ -169,6 +170,29 @@ def probes(work: Path, run: Path) -> list[Probe]:
             r"state\.pt: holds Python objects that loading would run as code",
             absent=work / "crafted-ran",
         ),
+        unsafe(
+            "learner .metadata that runs code when unpickled",
+            "crafted_meta",
+            r"learner/\.metadata: holds Python objects that loading would run as code",
+            absent=work / "crafted-meta-ran",
+        ),
+        Probe(
+            "safety",
+            "convert --to hf of a checkpoint whose .metadata runs code",
+            ["convert", "--to", "hf", str(work / "crafted_meta"), str(work / "crafted_out")],
+            r"\.metadata: holds Python objects that loading would run as code",
+            absent=work / "crafted-meta-ran",
+        ),
+        unsafe("state.pt of a newer version", "newer", r"state\.pt: written by another version of pc-megatron"),
+        train("name= outside out_dir", ["name=../escape"], r"a run's folder name inside out_dir", area="safety"),
+        Probe(
+            "safety",
+            "tracker address with credentials that does not answer",
+            [*t, "loggers=[mlflow]"],
+            r"MLFLOW_TRACKING_URI=http://\*\*\*@127\.0\.0\.1:1 does not answer",
+            runs_dir=runs,
+            env={"MLFLOW_TRACKING_URI": "http://alice:hunter2@127.0.0.1:1"},
+        ),
         unsafe("latest names a path", "latest_path", r"names '\.\./\.\./outside', not a checkpoint of this folder"),
         unsafe("a second run in a folder in use", "held", r"held is in use by pid \d+", holder=work / "held"),
         Probe(
@@ -217,7 +241,7 @@ def unsafe_copies(run: Path, work: Path) -> None:
     """Copies of the finished run with one thing a user, a disk or an attacker got wrong each."""
     import torch
 
-    for name in ("emptied", "edited", "crafted", "latest_path", "held"):
+    for name in ("emptied", "edited", "crafted", "crafted_meta", "newer", "latest_path", "held"):
         dst = work / name
         if dst.exists():
             shutil.rmtree(dst)
@@ -231,6 +255,13 @@ def unsafe_copies(run: Path, work: Path) -> None:
     crafted = {"loop": {"step": 2}, "scheduler": _WritesAFile(work / "crafted-ran")}
     torch.save(crafted, latest_step(work / "crafted") / "state.pt")
     (work / "latest_path" / "checkpoints" / "latest").write_text("../../outside")
+    (work / "crafted-meta-ran").unlink(missing_ok=True)
+    meta = latest_step(work / "crafted_meta") / "learner" / ".metadata"
+    meta.write_bytes(pickle.dumps(_WritesAFile(work / "crafted-meta-ran")))
+    newer = latest_step(work / "newer") / "state.pt"
+    state = torch.load(newer, weights_only=False)
+    state["loop"]["tokens_seen"] = 0  # a field a later version added
+    torch.save(state, newer)
 
 
 def latest_step(run: Path) -> Path:

@@ -13,8 +13,9 @@ a colocated run (learner rank i and an engine worker share GPU i):
   attention that saves its output and not the score matrix), per layer and per token
   ``2 * (4h + q + 2kv + q + 3 * ffn)`` bytes, the head and FFN terms split over TP, the ``h``
   terms too with sequence parallelism; times the micro-batches in flight on the first pipeline
-  stage (1F1B: up to PP); plus the logits and their gradient (bf16, ``4 * V / TP`` bytes per
-  token, into the fused log-prob kernel; ``12 * V / TP`` with ``learner.loss_impl=torch``). A
+  stage (1F1B: up to PP); plus the logits and their gradient (bf16, ``4 * V`` bytes per token, into
+  the fused log-prob kernel; ``12 * V`` with ``learner.loss_impl=torch``): the output layer gathers
+  the full vocabulary on every tensor-parallel rank (``parallel_output=False``), so TP does not divide them. A
   micro-batch holds ``learner.max_tokens_per_micro_batch`` positions (or, with fixed rows,
   ``micro_batch_size`` longest sequences), and at least one longest sequence (a longer row runs
   alone); the largest budget that fits is reported beside it;
@@ -157,8 +158,9 @@ def plan(cfg: RunConfig, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict
     per_token_layer = 2 * (4 * a.hidden_size / h_split + (2 * q + 2 * kv + 3 * a.ffn_hidden_size) / tp)
     step_tokens = cfg.algo.prompts_per_step * cfg.algo.samples_per_prompt * seq
     in_flight = min(pp, 1 + step_tokens // max(mb_tokens * dp, 1)) if pp > 1 else 1
-    # the output layer's logits and their gradient: bf16 into the fused kernel, fp32 copies on the torch path
-    logit_bytes = (12 if lc.loss_impl == "torch" else 4) * a.vocab_size / tp
+    # the output layer's logits and their gradient: bf16 into the fused kernel, fp32 copies on the torch path;
+    # gathered to the full vocabulary on every TP rank (parallel_output=False in learner/model.py)
+    logit_bytes = (12 if lc.loss_impl == "torch" else 4) * a.vocab_size
     per_token = per_token_layer * per_stage * in_flight + logit_bytes
     activations = per_token * mb_tokens
     learner_state = weights + grads + optimizer

@@ -29,6 +29,18 @@ def test_the_14b_plan_by_hand():
     assert round(res["weights"] / GIB, 1) == 6.9 and round(res["optimizer"] / GIB, 1) == 10.3
 
 
+def test_the_logits_are_counted_at_the_full_vocabulary_on_every_tensor_parallel_rank():
+    """The output layer gathers the logits (``parallel_output=False``): 4 x V bytes a token into the fused
+    kernel, 12 x V with the torch path, whatever TP is (it was divided by TP: polaris-14b under by ~7 GiB)."""
+    cfg = load_config("polaris-14b")
+    base = plan(cfg)
+    tokens = base["micro_batch_tokens"]
+    torch_path = plan(load_config("polaris-14b", ["learner.loss_impl=torch"]))
+    assert cfg.learner.tensor_parallel_size == 4
+    assert torch_path["activations"] - base["activations"] == pytest.approx(8 * 151936 * tokens)  # not 8V/4
+    assert round(4 * 151936 * tokens * 3 / 4 / GIB, 1) == 7.0  # what the old figure left out at 16k tokens
+
+
 def test_plan_refuses_what_cannot_fit_and_says_what_to_change(capsys):
     overrides = ["learner.tensor_parallel_size=2", "learner.data_parallel_size=2", "rollout.replicas=2"]
     assert main(["plan", "polaris-14b", *overrides]) == 2
