@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -292,6 +293,13 @@ def format_plan(res: dict) -> str:
         lines.append(f"  warning        {res['threads_warning']}")
     if res["placement"]:
         lines += ["", "placement and weight routes", *(f"  {line}" for line in res["placement"])]
+        nvls = os.environ.get("NCCL_NVLS_ENABLE")
+        lines.append(
+            f"  NCCL_NVLS_ENABLE={nvls} (yours)"
+            if nvls is not None
+            else "  NCCL_NVLS_ENABLE=0 for the actors (NVLink SHARP off until a GPU check shows it safe; set it to "
+            "override)"
+        )
     if res["problems"]:
         lines += ["", "DOES NOT FIT:", *(f"- {p}" for p in res["problems"])]
     else:

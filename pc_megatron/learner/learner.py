@@ -69,7 +69,7 @@ class Learner:
         self.version = 0  # policy version: number of optimizer steps taken
         self._offloaded = False
         self._host = PinnedOffload()  # pinned host buffers for the optimizer state while offloaded
-        self.align = alignment(cfg.tensor_parallel_size, cfg.sequence_parallel, bool(cfg.fp8))
+        self.align = alignment(cfg.tensor_parallel_size, cfg.sequence_parallel, bool(cfg.fp8), cfg.fp8_recipe)
         self._pass_stats: dict[str, dict[str, float]] = {}
         self._oversize_said = False
         self._picked: torch.Tensor | None = None  # the positions the output layer computes (_pick_hidden)

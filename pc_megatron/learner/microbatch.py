@@ -71,11 +71,17 @@ class MicroBatchPlan:
 PAD_RATIO = 1.25  # padded layout: a bin's width over the shortest row it takes
 
 
-def alignment(tensor_parallel_size: int, sequence_parallel: bool, fp8: bool) -> int:
+FP8_ALIGN = {"delayed": 16, "tensorwise": 16, "mxfp8": 32, "blockwise": 128}
+"""Token rows each rank's share must come in under FP8, by TE scaling recipe: 16 for per-tensor scaling
+(its GEMMs want the token dimension in multiples of 8 and the hidden in 16), 32 for MXFP8 (a scale per
+32-element block), 128 for blockwise (128-row tiles)."""
+
+
+def alignment(tensor_parallel_size: int, sequence_parallel: bool, fp8: bool | str, fp8_recipe: str = "delayed") -> int:
     """Multiple that a micro-batch's width (padded) or stream length (packed) must be: TP under
-    sequence parallelism (the sequence is split over TP ranks), times 16 under FP8 (TE's GEMMs need
-    the token dimension of each rank's share in multiples of 8, the hidden in 16; 16 covers both)."""
-    return (tensor_parallel_size if sequence_parallel else 1) * (16 if fp8 else 1)
+    sequence parallelism (the sequence is split over TP ranks), times the FP8 recipe's block
+    (``FP8_ALIGN``) under FP8."""
+    return (tensor_parallel_size if sequence_parallel else 1) * (FP8_ALIGN[fp8_recipe] if fp8 else 1)
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -100,7 +100,13 @@ def forwarded_env(environ: dict[str, str]) -> dict[str, str]:
         if any(word in k.upper() for word in SECRET_WORDS):
             continue
         out[k] = v
-    return out
+    return {**NCCL_DEFAULTS, **out}  # the user's own setting wins
+
+
+NCCL_DEFAULTS = {"NCCL_NVLS_ENABLE": "0"}
+"""NCCL settings the actors get unless the user sets them: NVLink SHARP off, the setup of open NCCL reports
+of hangs and permuted all-gathers on NVSwitch nodes with one GPU per process and TP groups (the production
+target, H200), until a GPU test shows it safe. ``pc-megatron plan`` says so."""
 
 
 def _token_auth(rcfg: RayConfig) -> str:

@@ -78,3 +78,12 @@ def test_plan_says_how_fp8_scaling_stays_in_step_across_data_parallel_ranks(reci
     assert f"never across the {dp} data-parallel ranks" in out
     assert out.count("learner rank") + out.count("engine") >= 2 and "no weight route" not in out
     assert main(["plan", recipe]) in (0, 2) and "FP8" not in capsys.readouterr().out  # said only with FP8
+
+
+def test_plan_says_nvlink_sharp_is_off_for_the_actors_unless_set(capsys, monkeypatch):
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    assert main(["plan", "polaris-8b"]) in (0, 2)
+    assert "NCCL_NVLS_ENABLE=0 for the actors" in capsys.readouterr().out
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    assert main(["plan", "polaris-8b"]) in (0, 2)
+    assert "NCCL_NVLS_ENABLE=1 (yours)" in capsys.readouterr().out

@@ -88,7 +88,16 @@ def test_fixed_rows_keep_contiguous_shares_in_order():
 
 
 @pytest.mark.parametrize(
-    ("tp", "sp", "fp8", "want"), [(1, False, False, 1), (4, False, False, 1), (4, True, False, 4), (2, True, True, 32)]
+    ("tp", "sp", "fp8", "recipe", "want"),
+    [
+        (1, False, False, "delayed", 1),
+        (4, False, False, "delayed", 1),
+        (4, True, False, "delayed", 4),
+        (2, True, True, "delayed", 32),
+        (1, False, True, "tensorwise", 16),
+        (1, False, True, "mxfp8", 32),  # a scale per 32-element block
+        (2, True, True, "blockwise", 256),  # 128-row tiles on each rank's share
+    ],
 )
-def test_alignment_for_sequence_parallel_and_fp8(tp, sp, fp8, want):
-    assert alignment(tp, sp, fp8) == want
+def test_alignment_for_sequence_parallel_and_fp8(tp, sp, fp8, recipe, want):
+    assert alignment(tp, sp, fp8, recipe) == want

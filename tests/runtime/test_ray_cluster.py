@@ -59,7 +59,9 @@ def test_secrets_never_travel_in_rays_runtime_environment():
         "VLLM_USE_V1": "1",
         "NCCL_SOCKET_IFNAME": "eth0",
         "PC_MEGATRON_CACHE": "/c",
+        "NCCL_NVLS_ENABLE": "0",  # off unless the user says otherwise
     }
+    assert forwarded_env({"NCCL_NVLS_ENABLE": "1"}) == {"NCCL_NVLS_ENABLE": "1"}  # the user's own wins
 
 
 def test_joining_a_cluster_without_its_token_is_one_clear_error_and_a_local_run_makes_its_own(tmp_path, monkeypatch):
