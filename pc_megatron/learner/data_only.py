@@ -89,6 +89,12 @@ def _weights_only(path: Path, data: io.BytesIO | Path, what: str) -> None:
     except pickle.UnpicklingError as e:
         found = str(e).split("Unsupported global: ")[-1].split(" was not")[0].strip().splitlines()[0]
         raise _refuse(path, f"{what}: {found}") from None
+    except Exception as e:  # cut short or overwritten: torch's reader names only itself
+        detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ModelFileError(
+            f"{path}: cannot read the learner checkpoint's {what} ({detail}); its files are damaged or incomplete: "
+            "resume from an earlier checkpoint (write its folder name into checkpoints/latest)"
+        ) from None
 
 
 def check_data_only(folder: Path) -> None:
