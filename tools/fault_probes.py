@@ -83,7 +83,7 @@ def probes(work: Path, run: Path) -> list[Probe]:
         Probe("config", "malformed YAML recipe", ["train", str(d / "bad.yaml")], r"bad\.yaml:\d+"),
         train("unknown policy", ["scheduler.policy=foo"], r"scheduler\.policy.*(grpo|pilot_commit)"),
         train("zero samples", ["algo.samples_per_prompt=0"], r"samples_per_prompt"),
-        train("TP 3 on local runtime", ["learner.tensor_parallel_size=3"], r"(divide|heads)"),
+        train("TP 3 on local runtime", ["learner.tensor_parallel_size=3"], r"(divide|heads|need runtime=ray)"),
         train("TP that does not divide the KV heads, ray", ["runtime=ray", "learner.tensor_parallel_size=4"], r"heads"),
         train("model.path missing", ["model.path=/nonexistent/model"], r"/nonexistent/model"),
         train(
@@ -274,7 +274,7 @@ def latest_step(run: Path) -> Path:
 def judge(p: Probe, rc: int, out: str, seconds: float, left: list[str]) -> tuple[bool, str]:
     lines, after_warning = [], False
     for ln in out.strip().splitlines():  # libraries' warnings (and the source line Python shows under one) are not ours
-        warning = "WARNING" in ln or "Warning:" in ln
+        warning = "WARNING" in ln or "Warning:" in ln or ln.startswith("warning:")
         if ln.strip() and not warning and not (after_warning and ln.startswith(" ")):
             lines.append(ln)
         after_warning = warning or (after_warning and ln.startswith(" "))
