@@ -36,8 +36,6 @@ def test_recipes_load_and_overrides_apply():
         ("data.synthetic.easy_pass_band=[0.8,0.2]", "data.synthetic.easy_pass_band must be [low, high]"),
         ("name=../elsewhere", "name='../elsewhere': a run's folder name inside out_dir"),
         ("name=/etc/runs", "name='/etc/runs': a run's folder name inside out_dir"),
-        ("learner.tensor_parallel_size=2", "learner TP x PP x DP = 2 ranks need runtime=ray"),
-        ("rollout.replicas=2", "rollout.replicas > 1 needs runtime=ray"),
         ("rollout.weight_sync.transport=broadcast", "transport=broadcast needs runtime=ray"),
         ("learner.lr_decay_style=step", "learner.lr_decay_style: 'step' is not one of constant, linear, cosine"),
         ("reward.name=exact", "reward.name: 'exact' is not one of integer_match, math_verify"),

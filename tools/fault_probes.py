@@ -83,7 +83,7 @@ def probes(work: Path, run: Path) -> list[Probe]:
         Probe("config", "malformed YAML recipe", ["train", str(d / "bad.yaml")], r"bad\.yaml:\d+"),
         train("unknown policy", ["scheduler.policy=foo"], r"scheduler\.policy.*(grpo|pilot_commit)"),
         train("zero samples", ["algo.samples_per_prompt=0"], r"samples_per_prompt"),
-        train("TP 3 on local runtime", ["learner.tensor_parallel_size=3"], r"(divide|heads|need runtime=ray)"),
+        train("TP 3 on local runtime", ["learner.tensor_parallel_size=3"], r"(divide|heads)"),
         train("TP that does not divide the KV heads, ray", ["runtime=ray", "learner.tensor_parallel_size=4"], r"heads"),
         train("model.path missing", ["model.path=/nonexistent/model"], r"/nonexistent/model"),
         train(

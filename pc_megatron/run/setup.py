@@ -22,6 +22,7 @@ import torch
 
 from pc_megatron.config import RunConfig, leaf_values
 from pc_megatron.data.task import Task
+from pc_megatron.errors import ConfigError
 from pc_megatron.rewards.pool import RewardPool
 from pc_megatron.run.folder import RunFolder, run_fingerprint
 from pc_megatron.run.preemption import RunStopped, StopRequests, record_processes
@@ -124,14 +125,20 @@ def tracker_status(kind: type | None) -> str:
 
 def preflight(cfg: RunConfig, policy_dir: Path) -> None:
     """What can fail before any process starts, checked first: the learner's layout against the
-    model's config.json (heads, KV heads, FFN, vocabulary, layers), the local engine's weight route, the
-    trackers, and a
+    model's config.json (heads, KV heads, FFN, vocabulary, layers), then what runtime=local cannot hold
+    (more than one learner rank or engine), the local engine's weight route, the trackers, and a
     cluster address that must answer."""
     from pc_megatron.model.arch import load_arch
     from pc_megatron.weight_sync.sharding import check_divisible
 
     lc = cfg.learner
     check_divisible(load_arch(policy_dir), lc.tensor_parallel_size, lc.pipeline_parallel_size)
+    if cfg.runtime == "local" and lc.world_size > 1:  # the one place that says it (after the layout's reason)
+        raise ConfigError(
+            f"learner TP x PP x DP = {lc.world_size} ranks need runtime=ray (runtime=local is one process)"
+        )
+    if cfg.runtime == "local" and cfg.rollout.replicas > 1:
+        raise ConfigError("rollout.replicas > 1 needs runtime=ray (runtime=local runs one engine)")
     check_trackers(cfg.loggers)
     if cfg.runtime == "local" and cfg.rollout.backend == "vllm":  # the engine's workers and their one route
         from pc_megatron.weight_sync.routes import Slot, plan_routes

@@ -57,10 +57,11 @@ class RunState:
         self.found = load_latest(self.root) if resume else None
         if self.found is not None:
             check_resume(self.found[0].get("fingerprint"), fingerprint, str(self.found[1]))
+        self.loop = _loop_state(*self.found) if self.found is not None else LoopState()
+        if self.found is not None and (self.found[1] / "learner").is_dir():
             from pc_megatron.learner.data_only import check_data_only
 
             check_data_only(self.found[1] / "learner")  # before any process starts (the learner loads it later)
-        self.loop = _loop_state(*self.found) if self.found is not None else LoopState()
 
     @property
     def resume_step(self) -> int:

@@ -192,11 +192,11 @@ def test_at_eta_one_an_evaluation_longer_than_the_call_deadline_passes():
 def test_a_batch_of_three_rounds_each_shorter_than_the_deadline_passes():
     """DAPO refills a batch in rounds; three calls of 0.6 x ``rollout.timeout_s`` each make one batch of
     1.8 x: the loop's wait is bounded per call, not per batch."""
-    rollouts = FakeRollouts([0.5 if p % 10 == 0 else 0.0 for p in range(200)], delay_s=0.3)  # few mixed groups
+    rollouts = FakeRollouts([0.5 if p % 10 == 0 else 0.0 for p in range(200)], delay_s=0.6)  # few mixed groups
     sched = Scheduler(SchedulerConfig(policy="dapo", max_rounds=3), 200, 4, 8, seed=1)
-    gate = EngineGate(0.5)
+    gate = EngineGate(1.0)
     gate.grace_s = 0.0
-    producer = ThreadedProducer(sched, rollouts, gate, lambda: 0, 1, 0.5)
+    producer = ThreadedProducer(sched, rollouts, gate, lambda: 0, 1, 1.0)
     rollouts.producer = producer
     producer.start(1, 1, weights_step=0)
     try:
@@ -223,13 +223,15 @@ def test_a_hung_call_still_fails_the_loop_within_the_deadline_and_its_grace():
 def test_stopping_does_not_wait_for_the_rest_of_a_batch_that_is_thrown_away():
     """close() (a second signal, an error, the stop after a SIGTERM's checkpoint) lets the call in flight
     finish and starts no further call of the batch."""
-    rollouts = FakeRollouts([0.5 if p % 10 == 0 else 0.0 for p in range(200)], delay_s=0.5)  # several rounds
+    rollouts = FakeRollouts([0.5 if p % 10 == 0 else 0.0 for p in range(200)], delay_s=1.0)  # several rounds
     sched = Scheduler(SchedulerConfig(policy="dapo", max_rounds=4), 200, 4, 8, seed=1)
     gate = EngineGate(30.0)
     producer = ThreadedProducer(sched, rollouts, gate, lambda: 0, 1, 30.0)
     rollouts.producer = producer
     producer.start(1, 1, weights_step=0)
-    time.sleep(0.2)  # inside the first round's call
+    deadline = time.monotonic() + 10
+    while not rollouts.calls and time.monotonic() < deadline:  # inside the first round's call
+        time.sleep(0.01)
     t0 = time.monotonic()
     producer.close()
-    assert time.monotonic() - t0 < 0.9 and len(rollouts.calls) == 1
+    assert time.monotonic() - t0 < 2.0 and len(rollouts.calls) == 1  # four rounds would take >= 3 s more

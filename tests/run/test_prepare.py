@@ -5,7 +5,8 @@ from pathlib import Path
 
 
 def test_a_real_data_run_never_enters_the_embedded_tasks_pool_selection(tmp_path):
-    """prepare_run on a generated task with model.path: the pool module is never imported."""
+    """prepare_run on a generated task with model.path: the embedded task's code (its pools, its tiny
+    model) is never imported; its config sections are part of the config."""
     import subprocess
     import sys
 
@@ -17,7 +18,8 @@ def test_a_real_data_run_never_enters_the_embedded_tasks_pool_selection(tmp_path
         "'warmstart.enabled=false', 'data.word_problems.num_train=20', 'data.word_problems.num_eval=5'])\n"
         "p = prepare_run(cfg, progress=False)\n"
         "assert len(p.task.train) == 20 and p.task.train[0].prompt.startswith('<|im_start|>'), p.task.train[0]\n"
-        "print(sorted(m for m in sys.modules if m in ('pc_megatron.pools', 'pc_megatron.embedded')))\n"
+        "code = ('pc_megatron.embedded.pools', 'pc_megatron.embedded.tiny_model')\n"
+        "print(sorted(m for m in sys.modules if m in code))\n"
     )
     _smollm2_like_folder(tmp_path / "m")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

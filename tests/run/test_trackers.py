@@ -233,3 +233,27 @@ def test_credentials_in_a_tracker_address_are_redacted_from_messages(monkeypatch
     with pytest.raises(ConfigError, match=r"http://\*\*\*@127.0.0.1") as e:
         check_trackers(["mlflow"])
     assert "hunter2" not in str(e.value) and "alice" not in str(e.value)
+
+
+def test_after_a_resume_mlflows_file_store_holds_the_redone_steps_values(monkeypatch, tmp_path):
+    """The same as on a server, in MLflow's file store: at every step the latest value is the resumed
+    run's (metrics.jsonl's), the steps before the checkpoint as first logged."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # deprecated in MLflow 3, still what many use
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "filestore")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    t = Trackers(["mlflow"], run_dir, PARAMS, resume_step=-1)
+    for row in ROWS[:4]:
+        t.log(row)
+    t.flush()
+    t.close("KILLED")
+    redone = [{**row, "reward_mean": row["reward_mean"] - 5.0} for row in ROWS[2:]]
+    t = Trackers(["mlflow"], run_dir, PARAMS, resume_step=1)
+    for row in redone:
+        t.log(row)
+    t.close("FINISHED")
+    uri = (tmp_path / "mlruns").as_uri()
+    (run,) = mlflow_runs(uri, "filestore")
+    latest = mlflow_latest(uri, run.info.run_id)
+    assert latest["reward_mean"] == [(r["step"], pytest.approx(r["reward_mean"])) for r in ROWS[:2] + redone]
