@@ -15,6 +15,11 @@ before a GPU-hour is spent on it.
    are the 2.5-97.5 percentiles. The policy with the fewest rollouts per informative group is
    favoured only when its ratio to GRPO's stays below 1 across the bootstrap.
 
+5. Per level (``meta["family"]``): pass@1, pass@8, the share of mixed groups of the recipe's n, and
+   with ``math_verify`` the share boxed and the accuracy among boxed answers (``scheduler/regime.py``).
+   ``--split eval`` samples the held-out set, ``--model DIR`` a trained checkpoint's Hugging Face
+   folder: the skill before and after a run, on the same problems and sampling seeds.
+
 The simulation holds the policy still, so it speaks of a run's first epoch; learning moves the pool.
 """
 
