@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from pc_megatron.errors import ConfigError
 
@@ -33,6 +34,22 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.close(fd)
 
 
+def try_lock(f: IO) -> str | None:
+    """An exclusive lock on the open file ``f`` without waiting: None once it is this process's (its pid
+    written into the file), else what the holder wrote there. Other ``OSError`` (a file system without
+    locks) goes to the caller."""
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):
+        f.seek(0)
+        return f.read().strip() or "another process"
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return None
+
+
 WAIT_FOR_OTHERS_S = 6 * 3600.0
 """How long ``one_at_a_time`` waits for another process's work (a warm-start of a large model takes hours)."""
 
@@ -49,27 +66,17 @@ def one_at_a_time(lock_path: Path, what: str = "shared work", deadline_s: float 
     deadline = time.monotonic() + (WAIT_FOR_OTHERS_S if deadline_s is None else deadline_s)
     with open(lock_path, "a+") as f:
         said = False
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except (BlockingIOError, PermissionError):
-                f.seek(0)
-                holder = f.read().strip() or "another process"
-                if time.monotonic() > deadline:
-                    raise ConfigError(
-                        f"{what}: waited for {holder} (it holds {lock_path}) longer than the deadline; if it is "
-                        "stuck, stop it, or remove the lock file once no process uses it"
-                    ) from None
-                if not said:
-                    print(f"waiting for {holder}, which is computing {what} ({lock_path})", flush=True)
-                    said = True
-                time.sleep(1.0)
+        while (holder := try_lock(f)) is not None:
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"{what}: waited for {holder} (it holds {lock_path}) longer than the deadline; if it is "
+                    "stuck, stop it, or remove the lock file once no process uses it"
+                )
+            if not said:
+                print(f"waiting for {holder}, which is computing {what} ({lock_path})", flush=True)
+                said = True
+            time.sleep(1.0)
         try:
-            f.seek(0)
-            f.truncate()
-            f.write(f"pid {os.getpid()}\n")
-            f.flush()
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)

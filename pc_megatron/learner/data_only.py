@@ -97,8 +97,9 @@ def _weights_only(path: Path, data: io.BytesIO | Path, what: str) -> None:
         ) from None
 
 
-def check_data_only(folder: Path) -> None:
-    """Refuse the learner checkpoint ``folder`` unless every pickle DCP and Megatron would load is data."""
+def check_data_only(folder: Path):
+    """Refuse the learner checkpoint ``folder`` unless every pickle DCP and Megatron would load is data;
+    its DCP ``Metadata`` (read as data) when it is."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 
     folder = Path(folder)
@@ -115,3 +116,4 @@ def check_data_only(folder: Path) -> None:
         _weights_only(folder / info.relative_path, io.BytesIO(blob), f"byte item {key}")
     if (folder / "common.pt").is_file():
         _weights_only(folder / "common.pt", folder / "common.pt", "common state")
+    return meta

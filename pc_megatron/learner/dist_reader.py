@@ -68,11 +68,10 @@ def read_learner_checkpoint(path: str | Path, arch: ArchSpec, names: list[str]) 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from pc_megatron.learner.data_only import check_data_only, read_metadata
+    from pc_megatron.learner.data_only import check_data_only
 
     path = Path(path)
-    check_data_only(path)  # every pickle the reader would load is data (or one clear refusal)
-    meta = read_metadata(path).state_dict_metadata
+    meta = check_data_only(path).state_dict_metadata  # every pickle the reader would load is data (or a refusal)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
     keys_map = spec.submodules.sharded_state_dict_keys_map
 

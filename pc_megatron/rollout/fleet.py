@@ -189,15 +189,6 @@ class BoundedEngine:
     def streams(self) -> bool:
         return bool(getattr(self._engine, "streams", False))
 
-    @property
-    def manifest(self) -> Any:
-        return self._engine.manifest
-
-    @property
-    def engine(self) -> Any:
-        """The engine itself (its weight-sync steps, which the sync's sender drives)."""
-        return self._engine
-
 
 class Engines:
     """The engines as the loop, the producer and the evaluation reach them: ``fleet`` (one engine or a

@@ -15,12 +15,8 @@ What a checkpoint restores (the learner, the scheduler, the loop, the rng) is ``
 
 from __future__ import annotations
 
-import fcntl
-import functools
 import json
-import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -28,7 +24,7 @@ from typing import IO, Any
 from pc_megatron.config import RunConfig, leaf_values, load_config, to_yaml
 from pc_megatron.data.task import Task, config_hash
 from pc_megatron.errors import ConfigError
-from pc_megatron.files import atomic_write_text
+from pc_megatron.files import atomic_write_text, try_lock
 
 # Keys a resumed run may change: how long it runs, how often it evaluates and saves, where and how wide
 # it runs (a checkpoint reshards to another layout; a sample's seed does not depend on the replicas),
@@ -163,15 +159,7 @@ def claim_run_dir(run_dir: Path) -> IO:
     two runs in one folder would delete each other's checkpoints in progress. Close the file to let go."""
     f = open(run_dir / "run.lock", "a+")
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except (BlockingIOError, PermissionError):  # held by another process
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise ConfigError(
-            f"{run_dir} is in use by {holder} (its run.lock is held): two runs in one folder would overwrite each "
-            "other's checkpoints; wait for it to end, or use another name="
-        ) from None
+        holder = try_lock(f)
     except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without locks (some NFS and FUSE mounts)
         f.close()
         raise ConfigError(
@@ -179,10 +167,12 @@ def claim_run_dir(run_dir: Path) -> IO:
             "not be kept apart; put out_dir on a file system with flock (a local disk, NFSv4, Lustre mounted "
             "with -o flock: docs/CLUSTER.md)"
         ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
+    if holder is not None:
+        f.close()
+        raise ConfigError(
+            f"{run_dir} is in use by {holder} (its run.lock is held): two runs in one folder would overwrite each "
+            "other's checkpoints; wait for it to end, or use another name="
+        )
     return f
 
 
@@ -239,11 +229,10 @@ class RunFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         return claim_run_dir(self.path)
 
-    def on_resume(self) -> Callable[[], None] | None:
-        """What to do once the checkpoint accepted the resume: log its changes (None: nothing to log)."""
-        if not self.changes:
-            return None
-        return functools.partial(log_resume, self.path, self.done or 0, self.changes)
+    def accept_resume(self) -> None:
+        """Once the checkpoint accepted the resume: its changes logged (``resumes.jsonl``), if any."""
+        if self.changes:
+            log_resume(self.path, self.done or 0, self.changes)
 
     def write_config(self, header: str, given: RunConfig) -> None:
         """``config.yaml``: the config as given (``auto`` kept), under ``header``."""

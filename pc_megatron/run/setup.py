@@ -69,8 +69,8 @@ def open_run(given: RunConfig, folder: RunFolder) -> Iterator[Run]:
         state = RunState(
             folder.path, run_fingerprint(cfg, prepared.task, prepared.tokenizer, prepared.policy_dir), folder.resume
         )
-        if folder.resume and (accepted := folder.on_resume()) is not None:
-            accepted()
+        if folder.resume:
+            folder.accept_resume()
         folder.write_config(resolved_header(given, resolved), given)
         if any(prepared.task.dropped.values()):
             print(
