@@ -51,6 +51,15 @@ class TokenBatch:
         last = (s - 2) - trained.flip(1).to(torch.int8).argmax(1)
         return torch.where(trained.any(1), last + 2, torch.full((n,), s)).tolist()
 
+    def prompts(self) -> list[tuple[int, ...]]:
+        """Each row's untrained lead: its tokens up to the position that predicts its first trained
+        token (the prompt, whose hidden states no later token changes), empty for a row with nothing
+        trained. Rows with equal leads can share their forward (``learner.share_prompts``)."""
+        trained = self.loss_mask.detach().cpu() != 0
+        first = trained.to(torch.int8).argmax(1)
+        tokens = self.tokens.detach().cpu()
+        return [tuple(tokens[i, : int(first[i]) + 1].tolist()) if trained[i].any() else () for i in range(len(tokens))]
+
 
 def completions_to_batch(
     prompts: list[list[int]], completions: list[Completion], pad_id: int

@@ -79,6 +79,12 @@ class LearnerConfig:
     """Lay each micro-batch out as one packed stream (THD: rows end to end, attention within each
     row) instead of a padded matrix: no position is spent on padding. TE's attention on GPU;
     the local spec (CPU) runs it through pc_megatron/learner/packed_attention.py."""
+    share_prompts: bool = False
+    """Packed micro-batches carry a prompt once for all the rows that share it (a GRPO group's n
+    answers): the other rows attend to it where it is, with positions continuing from it, so the
+    prompt's forward and backward run once, not n times (the same gradients, up to float rounding).
+    Needs packing, a token budget and the local layer spec (its attention reads the shared prompt;
+    Transformer Engine's cannot): CPU learners. Pays when prompts are long beside the answers."""
     offload_during_rollout: bool = False
     """Colocated GPU runs: move optimizer state and gradient buffers to host memory while the
     engine generates, back before the next update (frees room for the engine's KV cache). No
@@ -109,3 +115,8 @@ class LearnerConfig:
                 raise ConfigError(f"learner.{key} must be >= 0 (0 = {'fixed rows' if key[0] == 'm' else 'the same'})")
         if self.lr <= 0:
             raise ConfigError("learner.lr must be > 0")
+        if self.share_prompts and not (self.packing and self.max_tokens_per_micro_batch > 0):
+            raise ConfigError(
+                "learner.share_prompts lays prompts out once in packed micro-batches: it needs learner.packing=true "
+                "and learner.max_tokens_per_micro_batch > 0 (or set learner.share_prompts=false)"
+            )

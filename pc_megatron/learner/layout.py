@@ -8,6 +8,9 @@ row order, whatever the layout:
 - padded: ``tokens (b, width)``, a causal mask on the local spec (TE's causal attention needs none);
 - packed: ``tokens (1, T)`` and ``PackedSeqParams`` (THD) whose segments are the rows and, when the
   stream was rounded up, one segment of padding at the end; positions restart in each segment.
+  Rows that share a prompt (``MicroBatch.prefix``) carry it once: the group's first row is laid out
+  whole, the others only past the prompt (their positions continue from it), and their segments
+  attend to the first row's prompt as well (``packed_attention.SharedPrefixParams``).
 """
 
 from __future__ import annotations
@@ -38,22 +41,33 @@ class MicroBatchInput:
         self.packed_seq_params = None
         self.attention_mask = None
         if mb.packed:
-            offsets = stream_offsets(self.lengths.tolist())
+            # each row's own tokens (past the prefix it shares with its group's first row), end to end
+            prefix = list(mb.prefix) or [0] * b
+            lens = self.lengths.tolist()
+            offsets = stream_offsets([n - p for n, p in zip(lens, prefix, strict=True)])
+            carrier = []  # stream offset of the row that carries each row's prefix
+            for k, p in enumerate(prefix):
+                carrier.append(offsets[k] if p == 0 else carrier[-1])
+            cols = torch.arange(longest, device=device)[None, :]
+            own = (cols >= torch.tensor(prefix, device=device)[:, None]) & (cols < self.lengths.to(device)[:, None])
             stream = torch.zeros(mb.width, dtype=torch.long, device=device)
-            stream[: offsets[-1]] = rows[
-                torch.arange(longest, device=device)[None, :] < self.lengths.to(device)[:, None]
-            ]
+            stream[: offsets[-1]] = rows[own]
             bounds = offsets + ([mb.width] if mb.width > offsets[-1] else [])
-            starts = torch.tensor(bounds[:-1], device=device).repeat_interleave(
-                torch.tensor(_diffs(bounds), device=device)
-            )
-            self.position_ids = (torch.arange(mb.width, device=device) - starts)[None]
+            seg_len = torch.tensor(_diffs(bounds), device=device)
+            starts = torch.tensor(bounds[:-1], device=device).repeat_interleave(seg_len)
+            first = torch.tensor(prefix + [0] * (len(bounds) - 1 - b), device=device).repeat_interleave(seg_len)
+            self.position_ids = (torch.arange(mb.width, device=device) - starts + first)[None]
             self.tokens = stream[None]
-            self.packed_seq_params = _thd_params(bounds, device)
-            # positions of each row inside the stream, clipped to the row (the tail is zeroed later)
-            self._index = (torch.tensor(offsets[:-1])[:, None] + torch.arange(longest)[None, :]).clamp(
-                max=offsets[-1] - 1
+            self.packed_seq_params = _thd_params(
+                bounds, device, max(max(lens), max(_diffs(bounds))), prefix, carrier, bool(mb.prefix)
             )
+            # where each row's position t sits in the stream: in its carrier's prefix, else in its own
+            # tokens; clipped to the stream (the tail past a row is zeroed later)
+            t = torch.arange(longest)[None, :]
+            p = torch.tensor(prefix)[:, None]
+            self._index = torch.where(
+                t < p, torch.tensor(carrier)[:, None] + t, torch.tensor(offsets[:-1])[:, None] + t - p
+            ).clamp(max=offsets[-1] - 1)
         else:
             self.tokens = torch.zeros(b, mb.width, dtype=torch.long, device=device)
             self.tokens[:, :longest] = rows
@@ -63,10 +77,12 @@ class MicroBatchInput:
                     None, None
                 ]
         self.columns = longest - 1
+        self._rows = rows
 
-    def targets(self) -> torch.Tensor:
-        """The next token at every position of the model input (a dummy at the last)."""
-        return torch.cat([self.tokens[:, 1:], torch.zeros_like(self.tokens[:, :1])], dim=1)
+    def row_targets(self) -> torch.Tensor:
+        """``(b, columns)``: the token each row's position ``t`` predicts (``t + 1`` of the row; the
+        caller zeroes or skips what lies past a row's length)."""
+        return self._rows[:, 1:]
 
     def per_row(self, values: torch.Tensor, extra: int = 0) -> torch.Tensor:
         """``values: (b, width, ...)`` padded or ``(1, T, ...)`` packed, per model-input position ->
@@ -85,13 +101,17 @@ def _diffs(bounds: list[int]) -> list[int]:
     return [e - s for s, e in itertools.pairwise(bounds)]
 
 
-def _thd_params(bounds: list[int], device: torch.device):
+def _thd_params(
+    bounds: list[int], device: torch.device, longest: int, prefix: list[int], carrier: list[int], shared: bool
+):
+    """THD parameters of the stream: a segment per row (its own tokens) and one of padding. With
+    ``shared`` prefixes, ``packed_attention.SharedPrefixParams``: segment ``k`` also attends to
+    ``prefix[k]`` tokens at ``carrier[k]``; ``longest`` (the longest full row) sizes RoPE's table."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
-    longest = max(_diffs(bounds))
     # no padding inside a segment: the padded boundaries are the real ones
-    return PackedSeqParams(
+    common = dict(
         qkv_format="thd",
         cu_seqlens_q=cu,
         cu_seqlens_kv=cu,
@@ -100,3 +120,9 @@ def _thd_params(bounds: list[int], device: torch.device):
         max_seqlen_q=longest,
         max_seqlen_kv=longest,
     )
+    if not shared:
+        return PackedSeqParams(**common)
+    from pc_megatron.learner.packed_attention import SharedPrefixParams
+
+    pad = len(bounds) - 1 - len(prefix)
+    return SharedPrefixParams(**common, prefix_starts=carrier + [0] * pad, prefix_lens=prefix + [0] * pad)

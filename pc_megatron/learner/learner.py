@@ -31,7 +31,13 @@ from pc_megatron.learner.checkpoint_io import load_state, save_state
 from pc_megatron.learner.config import LearnerConfig
 from pc_megatron.learner.export import LearnerWeights
 from pc_megatron.learner.layout import MicroBatchInput
-from pc_megatron.learner.microbatch import MicroBatchPlan, alignment, plan_micro_batches
+from pc_megatron.learner.microbatch import (
+    MicroBatchPlan,
+    alignment,
+    plan_micro_batches,
+    plan_shared_prefix,
+    shared_prefix_units,
+)
 from pc_megatron.learner.model import build_gpt_model, build_training, resolve_transformer_impl
 from pc_megatron.learner.offload import PinnedOffload
 from pc_megatron.learner.parallel import init_parallel
@@ -73,8 +79,19 @@ class Learner:
         self._pass_stats: dict[str, dict[str, float]] = {}
         self._oversize_said = False
         self._picked: torch.Tensor | None = None  # the positions the output layer computes (_pick_hidden)
+        self._rope_positions: torch.Tensor | None = None  # RoPE's positions of a shared-prompt stream
         if self.parallel.last_stage:
             module.output_layer.register_forward_pre_hook(self._pick_hidden, with_kwargs=True)
+        if cfg.share_prompts:
+            if self.transformer_impl != "local":
+                from pc_megatron.errors import ConfigError
+
+                raise ConfigError(
+                    "learner.share_prompts runs on the local layer spec only (its attention reads the shared "
+                    "prompt); Transformer Engine's packed attention cannot: set learner.share_prompts=false "
+                    "or learner.transformer_impl=local"
+                )
+            module.rotary_pos_emb.register_forward_hook(self._rope_at_positions)
 
     # ----------------------------------------------------------------- weights
     @property
@@ -120,17 +137,28 @@ class Learner:
 
     # ----------------------------------------------------------------- forward
     def _plan(self, batch: TokenBatch, max_tokens: int) -> tuple[MicroBatchPlan, list[int]]:
-        """Every data-parallel rank's micro-batches for ``batch`` (the same plan on every rank)."""
+        """Every data-parallel rank's micro-batches for ``batch`` (the same plan on every rank); with
+        ``learner.share_prompts``, rows with one prompt carry it once (``plan_shared_prefix``)."""
         lengths = batch.lengths()
-        plan = plan_micro_batches(
-            lengths,
-            self.parallel.data_parallel_size,
-            max_tokens=max_tokens,
-            rows_per_micro_batch=self.cfg.micro_batch_size,
-            packed=self.cfg.packing,
-            align=self.align,
-            attention_tokens=6.0 * self.arch.hidden_size,
-        )
+        if self.cfg.share_prompts:
+            plan = plan_shared_prefix(
+                lengths,
+                shared_prefix_units(batch.prompts()),
+                self.parallel.data_parallel_size,
+                max_tokens=max_tokens,
+                align=self.align,
+                attention_tokens=6.0 * self.arch.hidden_size,
+            )
+        else:
+            plan = plan_micro_batches(
+                lengths,
+                self.parallel.data_parallel_size,
+                max_tokens=max_tokens,
+                rows_per_micro_batch=self.cfg.micro_batch_size,
+                packed=self.cfg.packing,
+                align=self.align,
+                attention_tokens=6.0 * self.arch.hidden_size,
+            )
         if plan.oversize and not self._oversize_said:
             self._oversize_said = True
             longest = max(lengths[i] for i in plan.oversize)
@@ -163,6 +191,14 @@ class Learner:
         flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])  # (b * s, h), the logits' order
         return (flat[self._picked][:, None, :], *args[1:]), kwargs
 
+    def _rope_at_positions(self, module, args, freqs):
+        """Forward hook of RoPE: in a shared-prompt stream a row's answer continues from the prompt it
+        shares, so each stream position gets its own position's frequencies (``(T, 1, 1, d)``, which
+        Megatron's THD RoPE maps one to one: ``rope_utils._apply_rotary_pos_emb_thd``)."""
+        if self._rope_positions is None:
+            return None
+        return freqs[self._rope_positions.to(freqs.device)]
+
     def _token_logp(
         self,
         logits: torch.Tensor,
@@ -180,7 +216,7 @@ class Learner:
         flat = logits.reshape(-1, v)
         if not prepicked:  # the whole micro-batch's logits: take the scored ones
             flat = flat[picked]
-        targets = mb.targets().reshape(-1)[picked]
+        targets = mb.row_targets().to(scored.device)[scored]
         logp_picked, entropy_picked = logprob_entropy(flat, targets, temperature, self.cfg.loss_impl)
         logp = torch.zeros(scored.shape, dtype=logp_picked.dtype, device=logits.device)
         entropy = torch.zeros(scored.shape, dtype=entropy_picked.dtype, device=logits.device)
@@ -227,10 +263,12 @@ class Learner:
                 return loss, torch.as_tensor(count).to(torch.int).to(self.device), {}
 
             self._picked = picked if prepick else None
+            self._rope_positions = mb.position_ids[0] if mb.mb.prefix else None
             try:
                 logits = model(mb.tokens, mb.position_ids, mb.attention_mask, packed_seq_params=mb.packed_seq_params)
             finally:
                 self._picked = None
+                self._rope_positions = None
             return logits, loss_func
 
         if mine:

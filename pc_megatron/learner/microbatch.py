@@ -38,11 +38,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class MicroBatch:
     """``rows``: indices into the caller's batch, in the order laid out; ``width``: the padded
-    layout's row width, or the packed stream's length."""
+    layout's row width, or the packed stream's length. ``prefix`` (packed only; empty: none): for each
+    row, how many leading tokens it shares with the nearest row before it that shares none (its
+    group's first row, which carries them in the stream); 0 for a row laid out whole."""
 
     rows: tuple[int, ...]
     width: int
     packed: bool
+    prefix: tuple[int, ...] = ()
 
     @property
     def processed(self) -> int:
@@ -170,6 +173,81 @@ def _fill(
         bins[fit].append(i)
         used[fit] += n
     return tuple(_layout(tuple(b), lengths, packed, align) for b in bins), oversize
+
+
+def shared_prefix_units(prefixes: Sequence[tuple[int, ...]]) -> list[tuple[tuple[int, ...], int]]:
+    """Rows that share a prompt, as ``[(rows, p), ...]``: ``prefixes[i]`` are the leading tokens of row
+    ``i`` that no loss trains and whose hidden states depend on nothing after them (the prompt up to
+    the position that predicts the first trained token; empty for a row that shares nothing). Rows
+    with equal prefixes form one unit, in first-seen order; a row alone is ``((i,), 0)``."""
+    units: dict[tuple[int, ...], list[int]] = {}
+    alone: list[tuple[tuple[int, ...], int]] = []
+    order: list[tuple[int, ...] | int] = []
+    for i, prefix in enumerate(prefixes):
+        if not prefix:
+            alone.append(((i,), 0))
+            order.append(i)
+            continue
+        if prefix not in units:
+            units[prefix] = []
+            order.append(prefix)
+        units[prefix].append(i)
+    single = {rows[0]: (rows, p) for rows, p in alone}
+    out = []
+    for key in order:
+        if isinstance(key, int):
+            out.append(single[key])
+        else:
+            rows = tuple(units[key])
+            out.append((rows, len(key) if len(rows) > 1 else 0))
+    return out
+
+
+def plan_shared_prefix(
+    lengths: Sequence[int],
+    units: Sequence[tuple[tuple[int, ...], int]],
+    data_parallel_size: int,
+    *,
+    max_tokens: int,
+    align: int = 1,
+    attention_tokens: float = math.inf,
+) -> MicroBatchPlan:
+    """A packed plan in which the rows of a unit (``shared_prefix_units``) share their first ``p``
+    tokens: the stream carries them once, in the unit's first row, and every other row of the unit
+    only its remaining ``L - p`` (``MicroBatch.prefix``). A unit is cut into chunks that fit
+    ``max_tokens`` (each chunk carries the prefix again); chunks are dealt to ranks by workload and
+    fill micro-batches first fit, as ``plan_micro_batches`` does rows. A row longer than the budget
+    alone runs alone (``oversize``)."""
+    if any(n < 1 for n in lengths):
+        raise ValueError("every row needs at least one token")
+    if max_tokens <= 0:
+        raise ValueError("shared prefixes need a token budget (max_tokens > 0)")
+    chunks: list[tuple[tuple[int, ...], int]] = []  # (rows, p), each within the budget unless oversize
+    for rows, p in units:
+        rows = tuple(sorted(rows, key=lambda i: (-lengths[i], i)))
+        cur: list[int] = []
+        for i in rows:
+            if p and lengths[i] <= p:
+                raise ValueError(f"row {i} ({lengths[i]} tokens) is not longer than its shared prefix ({p})")
+            size = sum(lengths[j] for j in cur) + lengths[i] - p * len(cur)  # the prefix once
+            if cur and round_up(size, align) > max_tokens:
+                chunks.append((tuple(cur), p if len(cur) > 1 else 0))
+                cur = []
+            cur.append(i)
+        if cur:
+            chunks.append((tuple(cur), p if len(cur) > 1 else 0))
+    sizes = [sum(lengths[i] for i in rows) - p * (len(rows) - 1) for rows, p in chunks]
+    ranks, oversize = [], []
+    for share in _deal(sizes, data_parallel_size, attention_tokens):
+        bins, big = _fill(sorted(share, key=lambda c: (-sizes[c], c)), sizes, max_tokens, True, align)
+        oversize.extend(r for c in big for r in chunks[c][0])
+        cut = []
+        for b in bins:
+            rows = tuple(r for c in b.rows for r in chunks[c][0])
+            prefix = tuple(0 if k == 0 else chunks[c][1] for c in b.rows for k in range(len(chunks[c][0])))
+            cut.append(MicroBatch(rows, b.width, True, prefix if any(prefix) else ()))
+        ranks.append(tuple(cut))
+    return MicroBatchPlan(tuple(ranks), tuple(sorted(oversize)))
 
 
 def _layout(rows: tuple[int, ...], lengths: Sequence[int], packed: bool, align: int) -> MicroBatch:

@@ -27,7 +27,8 @@ from pc_megatron.errors import ConfigError
 from pc_megatron.files import atomic_write_text, try_lock
 
 # Keys a resumed run may change: how long it runs, how often it evaluates and saves, where and how wide
-# it runs (a checkpoint reshards to another layout; a sample's seed does not depend on the replicas),
+# it runs (a checkpoint reshards to another layout; a sample's seed does not depend on the replicas; shared
+# prompts compute the same gradients),
 # its deadlines. Anything else would make the run's record (config.yaml, the metrics) describe steps
 # that ran otherwise.
 RESUME_SAFE = (
@@ -43,6 +44,7 @@ RESUME_SAFE = (
     "learner.tensor_parallel_size",
     "learner.pipeline_parallel_size",
     "learner.data_parallel_size",
+    "learner.share_prompts",  # the same gradients, laid out otherwise (as a change of layout)
     "rollout.replicas",
     "rollout.timeout_s",
     "reward.workers",

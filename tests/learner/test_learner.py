@@ -386,3 +386,72 @@ def test_fp8_forward_backward_close_to_bf16(tmp_path, recipe):
     cos = torch.nn.functional.cosine_similarity
     assert cos(out["bf16"][0].flatten(), out["fp8"][0].flatten(), dim=0) > 0.99
     assert cos(out["bf16"][1], out["fp8"][1], dim=0) > 0.95
+
+
+# ------------------------------------------------------------------ shared prompts
+def grouped_batch() -> tuple[TokenBatch, torch.Tensor]:
+    """Three prompts (lengths 9, 5, 12) with four answers each of 2-7 tokens, right-padded, the loss
+    on the answers; and one row of its own prompt. Advantages of both signs."""
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for plen in (9, 5, 12):
+        prompt = torch.randint(1, 96, (plen,), generator=g).tolist()
+        for _ in range(4):
+            n = int(torch.randint(2, 8, (1,), generator=g))
+            rows.append((prompt, torch.randint(1, 96, (n,), generator=g).tolist()))
+    rows.append((torch.randint(1, 96, (7,), generator=g).tolist(), [3, 4, 5]))
+    width = max(len(p) + len(a) for p, a in rows)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width - 1)
+    for i, (p, a) in enumerate(rows):
+        tokens[i, : len(p) + len(a)] = torch.tensor(p + a)
+        mask[i, len(p) - 1 : len(p) + len(a) - 1] = 1
+    adv = torch.randn(len(rows), generator=g)
+    return TokenBatch(tokens, mask), adv
+
+
+@pytest.mark.parametrize("budget", [64, 24])
+def test_shared_prompts_give_the_same_logprobs_and_gradients(ragged_model, budget):
+    """learner.share_prompts: a group's prompt runs once, its answers attend to it where it lies, with
+    positions continuing from it. Log-probs, the loss and every gradient equal the unshared packed
+    pass (float rounding apart), while fewer positions are computed. A budget of 24 cuts the
+    12-token prompt's group into chunks that carry the prompt again."""
+    batch, adv = grouped_batch()
+    out = {}
+    for share in (False, True):
+        cfg = LearnerConfig(clip_grad=0.0, max_tokens_per_micro_batch=budget, share_prompts=share)
+        lrn = Learner(ragged_model, cfg, seed=0)
+        logp = lrn.logprobs(batch)
+        stats = lrn.train_rl(batch, None, adv, LossConfig(correction="none"), 1.0)
+        out[share] = (logp, stats, _grads(lrn), lrn.take_pass_stats())
+    (lp0, s0, g0, p0), (lp1, s1, g1, p1) = out[False], out[True]
+    assert (lp1 - lp0).abs().max() < 1e-5
+    assert (lp0 * batch.loss_mask).abs().sum() > 1  # the log-probs are real ones
+    assert s1["loss"] == pytest.approx(s0["loss"], rel=1e-5)
+    assert max(scaled_error(g1[n], g) for n, g in g0.items()) < 1e-5
+    assert p1["train"]["processed"] < 0.8 * p0["train"]["processed"]
+    assert p1["train"]["real_tokens"] == p0["train"]["real_tokens"]
+
+
+def test_shared_prompts_that_differ_by_one_token_are_not_shared(ragged_model):
+    """The negative control: a row whose prompt differs from its group's in one token is laid out
+    whole, and a learner that shared it anyway (its prompt swapped for the group's) would score it
+    differently: the check above compares against real differences."""
+    batch, _ = grouped_batch()
+    changed = batch.tokens.clone()
+    changed[1, 2] = (changed[1, 2] % 95) + 1
+    other = TokenBatch(changed, batch.loss_mask)
+    lrn = Learner(ragged_model, LearnerConfig(max_tokens_per_micro_batch=64, share_prompts=True), seed=0)
+    plan, _ = lrn._plan(other, 64)
+    together = [mb for mb in plan.ranks[0] if 1 in mb.rows and mb.prefix]
+    assert not together or together[0].prefix[together[0].rows.index(1)] == 0
+    assert (lrn.logprobs(other)[1] - lrn.logprobs(batch)[1]).abs().max() > 1e-3
+    plain = Learner(ragged_model, LearnerConfig(max_tokens_per_micro_batch=64), seed=0)
+    assert (lrn.logprobs(other) - plain.logprobs(other)).abs().max() < 1e-5
+
+
+def test_shared_prompts_are_refused_without_packing(ragged_model):
+    from pc_megatron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="share_prompts.*learner.packing=true"):
+        Learner(ragged_model, LearnerConfig(packing=False, share_prompts=True), seed=0)

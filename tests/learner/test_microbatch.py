@@ -10,7 +10,9 @@ from pc_megatron.learner.microbatch import (
     PAD_RATIO,
     alignment,
     plan_micro_batches,
+    plan_shared_prefix,
     round_up,
+    shared_prefix_units,
     workload,
 )
 
@@ -101,3 +103,44 @@ def test_fixed_rows_keep_contiguous_shares_in_order():
 )
 def test_alignment_for_sequence_parallel_and_fp8(tp, sp, fp8, recipe, want):
     assert alignment(tp, sp, fp8, recipe) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    groups=st.lists(
+        st.tuples(st.integers(0, 60), st.lists(st.integers(1, 40), min_size=1, max_size=8)), min_size=1, max_size=12
+    ),
+    dp=st.integers(1, 3),
+    budget=st.sampled_from([48, 128, 400]),
+    align=st.sampled_from([1, 16]),
+)
+def test_shared_prompts_plan_every_row_once_within_budget(groups, dp, budget, align):
+    """Rows of one prompt (``p`` tokens, then answers) share it: every row lands once; a row that shares
+    follows the row carrying the prompt in its micro-batch; the stream's length is what it lays out
+    (the prompt once per chunk) within the budget; a prompt of 0 tokens shares nothing."""
+    lengths, prefixes = [], []
+    for g, (p, answers) in enumerate(groups):
+        for a in answers:
+            lengths.append(p + a)
+            prefixes.append(tuple([g + 1000] * p))  # a prompt of its own per group
+    plan = plan_shared_prefix(lengths, shared_prefix_units(prefixes), dp, max_tokens=budget, align=align)
+    assert sorted(_rows(plan)) == list(range(len(lengths)))
+    for rank in plan.ranks:
+        for mb in rank:
+            prefix = mb.prefix or (0,) * len(mb.rows)
+            laid = sum(lengths[i] - k for i, k in zip(mb.rows, prefix, strict=True))
+            assert mb.width == round_up(laid, align)
+            assert mb.width <= budget or (len(mb.rows) == 1 and mb.rows[0] in plan.oversize)
+            for j, (i, k) in enumerate(zip(mb.rows, prefix, strict=True)):
+                if k:
+                    carrier = max(c for c in range(j) if prefix[c] == 0)
+                    assert prefixes[mb.rows[carrier]] == prefixes[i] and k == len(prefixes[i]) < lengths[i]
+
+
+def test_shared_prompts_lay_a_group_out_with_its_prompt_once():
+    units = shared_prefix_units([(7, 8, 9), (), (7, 8, 9), (7, 8, 9), (1, 2)])
+    assert units == [((0, 2, 3), 3), ((1,), 0), ((4,), 0)]
+    plan = plan_shared_prefix([5, 4, 6, 4, 3], units, 1, max_tokens=100)
+    (mb,) = plan.ranks[0]  # one stream: the group (longest row first, carrying the prompt), then the rest
+    assert mb.rows == (2, 0, 3, 1, 4) and mb.prefix == (0, 3, 3, 0, 0)
+    assert mb.width == 6 + (5 - 3) + (4 - 3) + 4 + 3
