@@ -359,3 +359,10 @@ def check_runtime(cfg: RunConfig) -> None:
             "rollout.weight_sync.transport=broadcast needs runtime=ray (it sends from the learner to engines "
             "in other processes); with runtime=local use auto"
         )
+    t = cfg.learner.distributed_timeout_s
+    if cfg.runtime == "ray" and cfg.learner.world_size > 1 and 0 < t <= cfg.rollout.timeout_s:
+        raise ConfigError(
+            f"learner.distributed_timeout_s={t:g} is not above rollout.timeout_s={cfg.rollout.timeout_s:g}: in a "
+            "weight sync the learner's other ranks wait in a collective while rank 0 waits on an engine, and they "
+            "would time out first, hiding which engine was slow; raise it (or 0: rollout.timeout_s + 600)"
+        )

@@ -22,8 +22,12 @@ a colocated run (learner rank i and an engine worker share GPU i):
 - the engine: ``rollout.vllm.gpu_memory_utilization`` of the GPU while it generates (its weights,
   ``2 * params / engine TP``, and the KV cache in the rest); asleep while the learner trains.
 
-Peak = the larger of training (learner state + activations) and generation (learner state left
-resident unless ``learner.offload_during_rollout``, plus the engine's share).
+Peak = the largest of training (learner state + activations), generation (learner state left
+resident unless ``learner.offload_during_rollout``, plus the engine's share) and a checkpoint (the
+learner's state back beside the engine's weights). With ``rollout.max_staleness >= 1`` on shared GPUs
+the learner trains while the engine generates: generation is training's peak plus the engine's share.
+With ``ray.placement=split`` each GPU holds one of them, and the engine's share defaults to 0.9
+(``rollout.vllm.memory_share``).
 """
 
 from __future__ import annotations
@@ -170,11 +174,25 @@ def plan(cfg: RunConfig, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict
     fitting_budget = max(int((gpu - learner_state) / per_token) // 1024 * 1024, 0)
     engine_tp = v.tensor_parallel_size
     engine_weights = 2 * n["total"] / engine_tp
-    engine_share = v.gpu_memory_utilization * gpu if rc.backend == "vllm" else engine_weights
+    split = cfg.runtime == "ray" and cfg.ray.placement == "split"  # engines on GPUs of their own
+    together = rc.max_staleness >= 1 and not split  # the learner trains while its GPU's engine generates
+    share = v.memory_share(split)
+    engine_share = share * gpu if rc.backend == "vllm" else engine_weights
     kv_cache = engine_share - engine_weights
     kv_per_token = 2 * a.num_layers * kv * 2 / engine_tp  # k and v, bf16
-    resident = 0.0 if lc.offload_during_rollout else learner_state
-    gen_peak = resident + engine_share
+    kv_needed = kv_per_token * seq
+    if split:  # a learner GPU trains, an engine GPU generates: neither holds the other
+        resident, gen_peak, ckpt_peak = 0.0, engine_share, learner_state
+    elif together:  # awake together: nothing can be offloaded while the other works
+        resident = learner_state
+        gen_peak = train_peak + engine_share
+        ckpt_peak = learner_state + engine_share
+    else:
+        resident = 0.0 if lc.offload_during_rollout else learner_state
+        gen_peak = resident + engine_share
+        # a checkpoint brings an offloaded optimizer state back while the engine holds its weights (its KV cache
+        # asleep until the next rollout); the learner offloads it again after writing (Learner.save)
+        ckpt_peak = learner_state + (engine_weights if rc.backend == "vllm" else 0.0)
     B, ns = cfg.algo.prompts_per_step, cfg.algo.samples_per_prompt
     sched = cfg.scheduler
     if sched.policy == "pilot_commit":
@@ -204,7 +222,16 @@ def plan(cfg: RunConfig, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict
         "kv_cache": kv_cache,
         "kv_cache_tokens": kv_cache / kv_per_token if kv_per_token else math.inf,
         "gen_peak": gen_peak,
-        "peak": max(train_peak, gen_peak),
+        "ckpt_peak": ckpt_peak,
+        "peak": max(train_peak, gen_peak, ckpt_peak),
+        "placement_memory": (
+            f"split: learner GPUs {train_peak / GIB:.1f} GiB, engine GPUs {engine_share / GIB:.1f} GiB "
+            f"(gpu_memory_utilization {share:g})"
+            if split
+            else f"colocated, rollout.max_staleness={rc.max_staleness}: learner and engine awake together on each GPU"
+            if together
+            else ""
+        ),
         "gpu": gpu,
         "rollouts_per_step": rollouts,
         "trained_tokens_per_step": B * ns * seq,
@@ -224,11 +251,31 @@ def plan(cfg: RunConfig, gpu_gib: float = 140.0, gpus_per_node: int = 8) -> dict
             f"training needs {train_peak / GIB:.1f} GiB per GPU of {gpu_gib:g}: raise learner.tensor_parallel_size or "
             f"pipeline_parallel_size, {distopt}or {smaller}"
         )
-    if gen_peak > gpu:
+    # the largest engine share beside what the learner holds when the engine is awake, if it holds a sequence
+    beside = train_peak if together else learner_state
+    room = math.floor((gpu - beside) / gpu * 100) / 100
+    fits_share = room if room * gpu >= engine_weights + kv_needed else 0.0
+    lower = f"lower rollout.vllm.gpu_memory_utilization to {fits_share:.2f}" if fits_share > 0 else ""
+    if together and gen_peak > gpu:
+        instead = f"{lower}, or " if lower else ""
+        problems.append(
+            f"training beside the generating engine (rollout.max_staleness={rc.max_staleness}) needs "
+            f"{gen_peak / GIB:.1f} GiB per GPU (learner {train_peak / GIB:.1f} + engine {engine_share / GIB:.1f}): "
+            f"{instead}set rollout.max_staleness=0, or put the engines on GPUs of their own (runtime=ray "
+            "ray.placement=split)"
+        )
+    elif gen_peak > gpu and not split:
+        offload = "set learner.offload_during_rollout=true" if not lc.offload_during_rollout else ""
+        fix = " or ".join(x for x in (offload, lower) if x) or "raise rollout.vllm.tensor_parallel_size"
         problems.append(
             f"generation needs {gen_peak / GIB:.1f} GiB per GPU (learner {resident / GIB:.1f} resident + engine "
-            f"{engine_share / GIB:.1f}): set learner.offload_during_rollout=true or lower "
-            "rollout.vllm.gpu_memory_utilization"
+            f"{engine_share / GIB:.1f}): {fix}"
+        )
+    if ckpt_peak > gpu and ckpt_peak > gen_peak and not split:
+        problems.append(
+            f"a checkpoint brings the learner's state back ({learner_state / GIB:.1f} GiB) beside the engine's "
+            f"weights ({engine_weights / GIB:.1f} GiB): raise learner.tensor_parallel_size, or "
+            "rollout.vllm.tensor_parallel_size"
         )
     if rc.backend == "vllm" and kv_cache < kv_per_token * seq:
         problems.append(
@@ -283,9 +330,12 @@ def format_plan(res: dict) -> str:
         f"  engine         {g(res['engine_weights'])} weights + {g(max(res['kv_cache'], 0))} KV cache "
         f"(~{res['kv_cache_tokens']:,.0f} tokens)",
         f"  generation     {g(res['gen_peak'])}",
+        f"  checkpoint     {g(res['ckpt_peak'])}",
         f"  peak           {g(res['peak'])} of {g(res['gpu'])}",
         f"per step         {res['rollouts_per_step']}; <= {res['trained_tokens_per_step']:,} trained tokens",
     ]
+    if res["placement_memory"]:
+        lines.append(f"placement        {res['placement_memory']}")
     if res["fp8"]:
         lines.append(f"FP8              {res['fp8']}")
     lines.append(f"CPU threads      {res['threads'].removeprefix('threads: ')}")

@@ -79,6 +79,12 @@ class LearnerConfig:
     """Lay each micro-batch out as one packed stream (THD: rows end to end, attention within each
     row) instead of a padded matrix: no position is spent on padding. TE's attention on GPU;
     the local spec (CPU) runs it through pc_megatron/learner/packed_attention.py."""
+    distributed_timeout_s: float = 0.0
+    """Deadline of the learner's collectives (its process groups: the world's and Megatron's): a rank
+    that waits longer in one raises. 0 = the engines' deadline (``rollout.timeout_s``) plus 10 minutes,
+    resolved when the run starts: in a routed weight sync the other ranks wait in a barrier while rank 0
+    waits on an engine, and the engine's deadline must fire first so that the error names it (NCCL's
+    default is 10 minutes, against the engines' 30)."""
     share_prompts: bool = False
     """Packed micro-batches carry a prompt once for all the rows that share it (a GRPO group's n
     answers): the other rows attend to it where it is, with positions continuing from it, so the
@@ -115,6 +121,8 @@ class LearnerConfig:
                 raise ConfigError(f"learner.{key} must be >= 0 (0 = {'fixed rows' if key[0] == 'm' else 'the same'})")
         if self.lr <= 0:
             raise ConfigError("learner.lr must be > 0")
+        if self.distributed_timeout_s < 0:
+            raise ConfigError("learner.distributed_timeout_s must be >= 0 (0 = rollout.timeout_s + 600)")
         if self.share_prompts and not (self.packing and self.max_tokens_per_micro_batch > 0):
             raise ConfigError(
                 "learner.share_prompts lays prompts out once in packed micro-batches: it needs learner.packing=true "

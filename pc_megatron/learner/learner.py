@@ -59,7 +59,7 @@ class Learner:
 
             cfg = dataclasses.replace(cfg, bf16=resolve_bf16("auto", torch.get_num_threads())[0])
         self.cfg = cfg
-        self.parallel = init_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
+        self.parallel = init_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.distributed_timeout_s)
         self.arch: ArchSpec = load_arch(model_dir)
         megatron_cpu.seed_model_parallel(seed)
         check_divisible(self.arch, cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
@@ -432,8 +432,11 @@ class Learner:
     def save(self, path: str | Path) -> None:
         """Write model, optimizer and lr-schedule state to ``path`` (``checkpoint_io.save_state``:
         every rank writes its shards; collective). Loadable at any TP/PP/DP."""
+        offloaded = self._offloaded
         self.onload()  # the checkpoint holds the optimizer state where training uses it
         save_state(self, Path(path))
+        if offloaded:  # back to host before the next rollout: the engine's KV cache wakes into that room
+            self.offload()
 
     def load(self, path: str | Path) -> None:
         """Restore a checkpoint written by ``save`` at any parallel layout (resharded on load).

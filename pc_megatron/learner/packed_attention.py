@@ -109,15 +109,17 @@ class SharedPrefixParams(PackedSeqParams):
 
 def _length_groups(bounds: list[int], prefix_lens: list[int], ratio: float = 2.0) -> list[list[int]]:
     """Segments ``[bounds[i], bounds[i+1])`` grouped by the keys they attend to (their prefix and their
-    own length), fewest first, a group's most at most ``ratio`` times its fewest: ``[[i, ...], ...]``
-    (empty segments left out)."""
-    segs = sorted((e - s + prefix_lens[i], i) for i, (s, e) in enumerate(itertools.pairwise(bounds)) if e > s)
+    own length), fewest first, a group's most at most ``ratio`` times its fewest, those that read a
+    prefix apart from those that do not: ``[[i, ...], ...]`` (empty segments left out)."""
+    segs = sorted(
+        (prefix_lens[i] > 0, e - s + prefix_lens[i], i) for i, (s, e) in enumerate(itertools.pairwise(bounds)) if e > s
+    )
     groups: list[list[int]] = []
-    least = 0
-    for keys, i in segs:
-        if groups and keys <= ratio * least:
+    least, kind = 0, None
+    for shares, keys, i in segs:  # segments that read a prefix apart: their queries are few beside their keys
+        if groups and shares == kind and keys <= ratio * least:
             groups[-1].append(i)
         else:
             groups.append([i])
-            least = keys
+            least, kind = keys, shares
     return groups

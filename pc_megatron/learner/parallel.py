@@ -55,11 +55,17 @@ class ParallelState:
         return out.cpu()
 
 
-def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> ParallelState:
+def init_parallel(
+    tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, timeout_s: float = 0.0
+) -> ParallelState:
     """Initialise torch.distributed (NCCL on GPU, gloo on CPU) and Megatron's model-parallel
     groups. A launcher (torchrun, Ray) provides RANK/WORLD_SIZE; alone, we are a world of one.
     Built once per process: a second call with the same sizes returns the existing state; other
-    sizes are an error. Data parallel takes the remaining ranks: WORLD_SIZE / (TP x PP)."""
+    sizes are an error. Data parallel takes the remaining ranks: WORLD_SIZE / (TP x PP).
+    ``timeout_s`` (> 0): every group's collective deadline (``learner.distributed_timeout_s``);
+    0 keeps torch's and Megatron's defaults."""
+    from datetime import timedelta
+
     from megatron.core import parallel_state as ps
 
     from pc_megatron.compat import megatron_cpu, torch_adam
@@ -67,14 +73,15 @@ def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
     megatron_cpu.apply()
     torch_adam.apply()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deadline = {"timeout": timedelta(seconds=timeout_s)} if timeout_s > 0 else {}
     if not dist.is_initialized():
         if "WORLD_SIZE" not in os.environ:
             # A world of one rendezvouses in-process: no port to collide with child processes.
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **deadline)
         else:
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, **deadline)
     if not ps.model_parallel_is_initialized():
         model_parallel = tensor_parallel_size * pipeline_parallel_size
         if dist.get_world_size() % model_parallel:
@@ -85,7 +92,8 @@ def init_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
                 f"{pipeline_parallel_size} needs a multiple of {model_parallel} processes, this run has "
                 f"{dist.get_world_size()}: set learner.data_parallel_size so that TP x PP x DP ranks are placed"
             )
-        ps.initialize_model_parallel(tensor_parallel_size, pipeline_parallel_size)
+        minutes = {"distributed_timeout_minutes": timeout_s / 60} if timeout_s > 0 else {}
+        ps.initialize_model_parallel(tensor_parallel_size, pipeline_parallel_size, **minutes)
     elif (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (
         tensor_parallel_size,
         pipeline_parallel_size,

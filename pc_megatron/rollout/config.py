@@ -35,15 +35,27 @@ class VllmConfig:
     max_num_seqs: int = 256
     """Sequences the engine schedules at once."""
     enable_prefix_caching: bool = True
-    """Share the KV cache of a prompt's prefill across its n samples."""
+    """Share the KV cache of a prompt's prefill across its n samples. Off under ``rollout.inflight=keep``:
+    blocks cached before a mid-window update hold the old weights' keys and values, and vLLM 0.32 can
+    clear them only by preempting the requests kept across the update (``reset_prefix_cache``)."""
+    block_size: int = 0
+    """Tokens per KV-cache block; 0 = vLLM's default (16 on GPU, 128 on the CPU backend, whose kernels
+    take multiples of 32). The prefix cache shares whole blocks only."""
     enforce_eager: bool = False
     """Skip CUDA graphs and torch.compile (on CPU: eager unless cpu_compile)."""
     cpu_compile: bool = False
     """CPU backend: run vLLM's torch.compile'd model (inductor C++ kernels; needs a C++ compiler) instead
     of eager: ~1.4x decode tokens/s at 8 sequences, ~1.03x at 64 (SmolLM2-135M, bf16, 2 cores;
     docs/LOG.md), for ~45 s more at each engine start. For long runs; tests stay eager."""
-    gpu_memory_utilization: float = 0.5
-    """GPU memory share for weights + KV cache (colocated with the learner: leave it room)."""
+    gpu_memory_utilization: float = 0.0
+    """GPU memory share for the engine's weights + KV cache. 0 = by placement: 0.5 beside a learner
+    (colocated: leave it room), 0.9 on GPUs of its own (``ray.placement=split``), resolved when the run
+    starts (``memory_share``)."""
+
+    def memory_share(self, own_gpus: bool) -> float:
+        """The share the engine takes: the one set, else 0.9 on GPUs of its own and 0.5 beside a learner."""
+        return self.gpu_memory_utilization or (0.9 if own_gpus else 0.5)
+
     cpu_kv_cache_gb: float = 0.25
     """KV cache size on the CPU backend, in GiB."""
     sleep_level: int = 2
@@ -112,8 +124,10 @@ class RolloutConfig:
         v = self.vllm
         if v.tensor_parallel_size < 1 or v.max_num_seqs < 1 or v.max_model_len < 0:
             raise ConfigError("rollout.vllm: tensor_parallel_size and max_num_seqs must be >= 1, max_model_len >= 0")
-        if not 0 < v.gpu_memory_utilization <= 1:
-            raise ConfigError("rollout.vllm.gpu_memory_utilization must be in (0, 1]")
+        if not 0 <= v.gpu_memory_utilization <= 1:
+            raise ConfigError("rollout.vllm.gpu_memory_utilization must be in (0, 1] (or 0: by placement)")
+        if v.block_size < 0:
+            raise ConfigError("rollout.vllm.block_size must be >= 0 (0 = vLLM's default)")
         if v.sleep_level not in (0, 1, 2):
             raise ConfigError("rollout.vllm.sleep_level must be 0 (never), 1 (offload weights) or 2 (discard)")
         self.weight_sync.validate()

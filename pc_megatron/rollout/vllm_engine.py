@@ -126,7 +126,7 @@ class VllmEngine:
         kwargs = {}
         env: dict[str, str] = {}  # for the engine's worker processes, set while they start
         if self.on_gpu:
-            kwargs.update(gpu_memory_utilization=v.gpu_memory_utilization, enable_sleep_mode=self.sleep_level > 0)
+            kwargs.update(gpu_memory_utilization=v.memory_share(False), enable_sleep_mode=self.sleep_level > 0)
         else:
             # no chunked prefill on CPU: when a prompt's prefill is split, vLLM 0.32 rewinds the
             # request's seeded generator (``set_offset``), which a CPU generator does not support, and
@@ -147,6 +147,19 @@ class VllmEngine:
                 raise ConfigError(f"{len(ray_bundles)} bundles for an engine of {v.tensor_parallel_size} workers")
             os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, ray_bundles))
             kwargs.update(distributed_executor_backend="ray")
+        if v.block_size:
+            kwargs.update(block_size=v.block_size)
+        prefix_caching = v.enable_prefix_caching
+        if prefix_caching and cfg.inflight == "keep":
+            # a request admitted after a mid-window update would read blocks cached under the old weights
+            # while labelled with the new version; clearing them (vLLM 0.32's reset_prefix_cache) needs the
+            # kept requests preempted, and a per-version cache salt misses requests waiting across an update
+            print(
+                "vllm: prefix caching off under rollout.inflight=keep (blocks cached before an update hold the "
+                "old weights); each sample prefills its prompt",
+                flush=True,
+            )
+            prefix_caching = False
         quiet_tokenizer_warmup()
         with environ(env):
             self.llm = LLM(
@@ -156,7 +169,7 @@ class VllmEngine:
                 tensor_parallel_size=v.tensor_parallel_size,
                 max_model_len=v.max_model_len or None,
                 max_num_seqs=v.max_num_seqs,
-                enable_prefix_caching=v.enable_prefix_caching,
+                enable_prefix_caching=prefix_caching,
                 enforce_eager=v.enforce_eager or (not self.on_gpu and not v.cpu_compile),
                 seed=0,
                 worker_extension_cls=EXTENSION,

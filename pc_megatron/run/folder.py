@@ -47,6 +47,7 @@ RESUME_SAFE = (
     "learner.share_prompts",  # the same gradients, laid out otherwise (as a change of layout)
     "rollout.replicas",
     "rollout.timeout_s",
+    "learner.distributed_timeout_s",
     "reward.workers",
 )
 

@@ -139,8 +139,11 @@ def resolve_run(cfg: Any, cores: list[int] | None = None) -> tuple[Any, Resolved
     A config with nothing left to resolve comes back equal."""
     plan = plan_threads(cfg, cores)
     bf16, why = resolve_bf16(cfg.learner.bf16, plan.learner)
-    rollout = dataclasses.replace(cfg.rollout, threads=plan.engine)
-    learner = dataclasses.replace(cfg.learner, bf16=bf16)
+    own_gpus = cfg.runtime == "ray" and cfg.ray.placement == "split"
+    vllm = dataclasses.replace(cfg.rollout.vllm, gpu_memory_utilization=cfg.rollout.vllm.memory_share(own_gpus))
+    rollout = dataclasses.replace(cfg.rollout, threads=plan.engine, vllm=vllm)
+    timeout = cfg.learner.distributed_timeout_s or cfg.rollout.timeout_s + 600.0
+    learner = dataclasses.replace(cfg.learner, bf16=bf16, distributed_timeout_s=timeout)
     resolved = dataclasses.replace(cfg, threads=plan.learner, learner=learner, rollout=rollout)
     return resolved, Resolved(bf16, why, plan)
 

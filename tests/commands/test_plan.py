@@ -87,3 +87,57 @@ def test_plan_says_nvlink_sharp_is_off_for_the_actors_unless_set(capsys, monkeyp
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
     assert main(["plan", "polaris-8b"]) in (0, 2)
     assert "NCCL_NVLS_ENABLE=1 (yours)" in capsys.readouterr().out
+
+
+def _problems(recipe: str, overrides: list[str], gpu_gib: float) -> tuple[dict, str]:
+    res = plan(load_config(recipe, overrides), gpu_gib=gpu_gib)
+    return res, " | ".join(res["problems"])
+
+
+def test_training_beside_a_generating_engine_counts_both_and_names_a_share_that_fits():
+    """runtime=local with rollout.max_staleness=1: the learner trains while the engine on its GPU generates,
+    so nothing is offloaded and generation is training's peak plus the engine's share. At 80 GiB the
+    1.5B recipe (51.3 GiB of training) does not fit beside half the GPU; the refusal names the largest
+    share that does (0.35 of 80 GiB beside 51.3) and that setting fits."""
+    local = ["runtime=local", "rollout.max_staleness=1"]
+    res, said = _problems("deepmath-1.5b", local, 80)
+    assert res["gen_peak"] == pytest.approx(res["train_peak"] + 0.5 * 80 * GIB)
+    assert "training beside the generating engine" in said and "gpu_memory_utilization to 0.35" in said
+    res, said = _problems("deepmath-1.5b", [*local, "rollout.vllm.gpu_memory_utilization=0.35"], 80)
+    assert not res["problems"] and res["peak"] <= 80 * GIB
+    synchronous, said = _problems("deepmath-1.5b", ["runtime=local"], 80)
+    assert not said and synchronous["gen_peak"] < res["gen_peak"]  # η = 0 sleeps the engine while training
+
+
+def test_split_engines_hold_no_learner_memory_and_take_most_of_their_gpus():
+    """ray.placement=split: the engines' GPUs hold no learner state (colocated, polaris-8b at 40 GiB with a
+    4,096-token budget does not fit generation beside the resident learner) and the engines take 0.9 of
+    their GPUs by default; a learner that does not fit its own GPU is still refused."""
+    budget = ["learner.max_tokens_per_micro_batch=1024", "rollout.max_new_tokens=512", "data.max_prompt_tokens=512"]
+    colocated, said = _problems("polaris-8b", budget, 40)
+    assert "generation needs" in said
+    split, said = _problems("polaris-8b", [*budget, "ray.placement=split"], 40)
+    assert split["gen_peak"] == pytest.approx(0.9 * 40 * GIB) and "generation" not in said
+    assert split["train_peak"] == colocated["train_peak"] and not split["problems"], said
+    _, said = _problems("polaris-8b", [*budget, "ray.placement=split"], 20)
+    assert said.startswith("training needs")
+
+
+def test_a_checkpoint_with_offload_counts_the_state_brought_back_beside_the_engine():
+    """learner.offload_during_rollout: a checkpoint brings the optimizer state back to the GPU while the engine
+    holds its weights (Learner.save offloads it again before the next rollout). polaris-14b with a 4,096-token
+    budget and an engine of TP 1 (27.5 GiB of weights) trains and generates within 60 GiB, but its checkpoint
+    needs 58.5: at 55 GiB only the checkpoint is refused, and with the engine at TP 2 it fits."""
+    over = [
+        "learner.offload_during_rollout=true",
+        "learner.max_tokens_per_micro_batch=4096",
+        "rollout.max_new_tokens=1024",
+        "data.max_prompt_tokens=512",
+        "rollout.vllm.gpu_memory_utilization=0.9",
+    ]
+    res, said = _problems("polaris-14b", [*over, "rollout.vllm.tensor_parallel_size=1"], 55)
+    assert res["ckpt_peak"] == pytest.approx(res["weights"] + res["grads"] + res["optimizer"] + res["engine_weights"])
+    assert res["train_peak"] < 55 * GIB and res["gen_peak"] < 55 * GIB
+    assert said.startswith("a checkpoint brings the learner's state back") and "tensor_parallel_size" in said
+    res, said = _problems("polaris-14b", [*over, "rollout.vllm.tensor_parallel_size=2"], 55)
+    assert not said and res["ckpt_peak"] < 55 * GIB

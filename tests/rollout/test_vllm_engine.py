@@ -194,6 +194,67 @@ def test_an_update_reaching_a_generating_engine_pauses_keeps_and_resumes_its_req
         engine.close()
 
 
+@needs_vllm
+def test_a_request_admitted_after_a_mid_window_update_is_served_by_the_new_weights(tiny_model_dir, tmp_path):
+    """rollout.inflight=keep with the prefix cache asked for (and 32-token blocks, so a 40-token prompt
+    fills one): a prompt prefilled before a mid-window update, asked again after it in the same window,
+    gives the log-probs of the new weights (those of a call after the window), labelled with the new
+    version. With the prefix cache on it read the old weights' cached block."""
+    import dataclasses
+    import threading
+
+    from pc_megatron.weight_sync.sharding import HFTensors
+
+    vcfg = dataclasses.replace(CFG.vllm, block_size=32, enable_prefix_caching=True)
+    engine = VllmEngine(tiny_model_dir, dataclasses.replace(CFG, vllm=vcfg, inflight="keep"))
+    hf = HFTensors(tiny_model_dir)
+    g = torch.Generator().manual_seed(4)
+    moved = {k: hf.read(k) + 0.05 * torch.randn(hf.read(k).shape, generator=g) for k in hf.where}
+    try:
+        p = SamplingParams(temperature=0.0, max_new_tokens=20, stop_token_ids=())  # 40 + 20 within 64 positions
+        shared = torch.randint(2, 23, (40,), generator=g).tolist()
+        others = [q[:8] for q in PROMPTS]  # keep the window generating
+        first_done = threading.Event()
+        again: list[int] = []
+
+        def on_group(i, completions):
+            if i == 0:  # the shared prompt's sample is done: its block is cached under version 0
+                first_done.set()
+                for _ in range(60_000):  # the update is posted; the window makes it before its next step
+                    if not engine._jobs.empty():
+                        break
+                    threading.Event().wait(0.001)
+                again.append(1)
+                return [(shared, 1)]
+            return []
+
+        out: list = []
+        errors: list = []
+
+        def window():
+            try:
+                out.extend(engine.generate_stream([shared, *others], [1] * (1 + len(others)), p, 0, on_group))
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=window)
+        t.start()
+        assert first_done.wait(120), errors
+        engine.update_weights(iter(moved.items()), version=1)  # posted to the window, made between two steps
+        t.join(120)
+        assert again, "the shared prompt was not asked again"
+        late = out[-1]
+        assert late.prompt_index == 1 + len(others) and late.weight_version == 1 and not late.version_spans
+        after = engine.generate([shared], 1, p, seed=0)[0]  # a call after the window: the new weights only
+        assert late.token_ids == after.token_ids
+        assert max(abs(a - b) for a, b in zip(late.logprobs, after.logprobs, strict=True)) < 1e-4
+        first = out[0]
+        assert first.prompt_index == 0 and first.weight_version == 0  # before the update, the old weights
+        assert max(abs(a - b) for a, b in zip(first.logprobs, after.logprobs, strict=False)) > 1e-3
+    finally:
+        engine.close()
+
+
 def _rl_steps(learner: Learner, steps: int) -> None:
     """Three RL updates with a large lr on random sequences: every weight moves, the embedding too."""
     g = torch.Generator().manual_seed(3)

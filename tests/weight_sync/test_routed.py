@@ -58,3 +58,34 @@ def test_every_replica_starts_loading_a_bucket_before_any_is_waited_for():
     for b in range(3):  # per bucket: the three starts, then the three waits
         assert [kind for kind, _ in loads[6 * b : 6 * b + 6]] == ["start"] * 3 + ["finish"] * 3
     assert all(torch.equal(r.received[n], t) for r in replicas for n, t in weights) and stats["weight_sync_bytes"] > 0
+
+
+def _slow_engine_sync(out, timeout_s: float) -> dict[int, str]:
+    import os
+    import subprocess
+    import sys
+
+    from tests.settings import WORKERS
+
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    subprocess.run(
+        [*cmd, str(WORKERS / "slow_engine_worker.py"), str(out), str(timeout_s)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        timeout=120,
+    )
+    return {r: (out / f"rank{r}.txt").read_text() for r in (0, 1) if (out / f"rank{r}.txt").exists()}
+
+
+def test_a_slow_engine_is_named_when_the_learners_collective_deadline_is_above_the_engines(tmp_path):
+    """Two learner ranks (gloo) in a routed sync while the engine rank 0 loads into does not answer for
+    6 s. With the groups' deadline from the config (learner.distributed_timeout_s) above the engine's,
+    rank 1 waits in the sync's barrier and rank 0's error names the engine (what the driver reports);
+    with a deadline below it (NCCL's 10 minutes against the engines' 30, scaled down), rank 1 fails in
+    the barrier first, an error that says nothing of the engine."""
+    named = _slow_engine_sync(tmp_path / "above", 30.0)
+    assert named[0].startswith("TrainingError: engine replica 0 (node n0) did not answer"), named
+    assert named[1] == "no error", named  # it waited for rank 0 in the barrier
+    hidden = _slow_engine_sync(tmp_path / "below", 2.0)
+    assert hidden.get(1, "killed") != "no error" and "engine replica" not in hidden.get(1, ""), hidden
