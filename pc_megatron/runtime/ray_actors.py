@@ -238,6 +238,13 @@ class _RemoteEngine:
     def end_sync(self, version: int, sent: int) -> int | None:
         return self._get(self.handle.end_sync.remote(version, sent))
 
+    def start(self, method: str, *args) -> Any:
+        """A call started on the replica's actor, waited for by ``finish`` (``routed.call_all``)."""
+        return getattr(self.handle, method).remote(*args)
+
+    def finish(self, pending: Any) -> Any:
+        return self._get(pending)
+
 
 def ray_get(refs: list, names: list[str], timeout_s: float) -> list:
     """``ray.get`` with a deadline; a dead actor or a missed deadline is one clear error."""

@@ -8,7 +8,8 @@ cut the same buckets. Per bucket:
 2. the handles are gathered to rank 0 (a collective: rank 0 goes on once every rank has packed);
 3. rank 0 loads the bucket into every engine replica at once (all loads started, then all waited
    for), each worker opening its own sender's handle (``{"kind": "routed", "workers": [...]}``); the
-   receivers copy out and synchronise before they answer;
+   receivers copy out and synchronise before they answer (the sync's start and end reach the replicas
+   at once too: ``call_all``);
 4. a barrier: no rank refills its buffer before every engine has copied out of it.
 
 A failure on any rank (a pack, a load) is carried through the next gather, every rank keeps walking
@@ -72,6 +73,23 @@ def load_all(loads: list[tuple[SyncTarget, dict]]) -> None:
         target.finish_load(pending)
 
 
+def call_all(targets: list[SyncTarget], method: str, *args) -> list:
+    """``method(*args)`` on every target, at once where a target lives in another process (``start`` /
+    ``finish``: all started before any is waited for); each target's answer in order. Every call is
+    waited for before the first failure is raised, so no engine is left inside one."""
+    started = [(t, t.start(method, *args)) if hasattr(t, "start") else (t, None) for t in targets]
+    answers, first = [], None
+    for target, pending in started:
+        try:
+            answers.append(target.finish(pending) if hasattr(target, "start") else getattr(target, method)(*args))
+        except Exception as e:
+            answers.append(None)
+            first = first or e
+    if first is not None:
+        raise first
+    return answers
+
+
 def push_routed(
     named: Iterable[tuple[str, torch.Tensor]],
     manifest: Manifest,
@@ -87,8 +105,7 @@ def push_routed(
     the global worker ids of ``my_workers`` (worker id -> transport). ``targets`` (rank 0 only): each
     engine replica with its workers' ids. Returns the sync's figures on rank 0, None elsewhere."""
     t0 = time.perf_counter()
-    for target, _ in targets:
-        target.begin_sync()
+    call_all([t for t, _ in targets], "begin_sync")
     sent, nbytes = 0, 0
     mine: BaseException | None = None  # this rank's first failure
     failed: str | None = None  # rank 0: the first failure anywhere
@@ -122,7 +139,7 @@ def push_routed(
         mine, failed = mine or e, failed or f"{type(e).__name__}: {e}"
     finally:
         ok = mine is None and failed is None
-        served = [target.end_sync(version if ok else -1, sent) for target, _ in targets]
+        served = call_all([t for t, _ in targets], "end_sync", version if ok else -1, sent)
     if mine is not None:
         raise mine
     if failed is not None:

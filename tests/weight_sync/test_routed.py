@@ -43,6 +43,37 @@ class Replica:
         return version
 
 
+class RemoteReplica(Replica):
+    """A replica whose every call is started, then waited for (as ``ray_actors._RemoteEngine``)."""
+
+    def start(self, method, *args):
+        self.events.append((f"start {method}", self.name))
+        return method, args
+
+    def finish(self, pending):
+        method, args = pending
+        self.events.append((f"finish {method}", self.name))
+        return getattr(self, method)(*args)
+
+
+def test_the_sync_starts_and_ends_on_every_replica_at_once():
+    """The sync's start and end reach every replica before any is waited for (a slow replica's begin or
+    end does not hold up the others'); the end carries the version, which each replica answers."""
+    weights = [(f"w{i}", torch.full((8, 8), float(i))) for i in range(2)]
+    manifest = Manifest({n: (tuple(t.shape), t.dtype) for n, t in weights})
+    events = []
+    replicas = [RemoteReplica(k, events) for k in range(3)]
+    sender = make_sender("shm", 8 * 8 * 4 * 2)
+    try:
+        push_routed(weights, manifest, sender.bucket_bytes, {"shm": sender}, {0: "shm", 1: "shm", 2: "shm"},
+                    [(r, [k]) for k, r in enumerate(replicas)], 7, OneRank())  # fmt: skip
+    finally:
+        sender.close()
+    calls = [kind for kind, _ in events if kind.endswith("_sync")]
+    assert calls[:6] == ["start begin_sync"] * 3 + ["finish begin_sync"] * 3
+    assert calls[-6:] == ["start end_sync"] * 3 + ["finish end_sync"] * 3
+
+
 def test_every_replica_starts_loading_a_bucket_before_any_is_waited_for():
     weights = [(f"w{i}", torch.full((64, 64), float(i))) for i in range(6)]
     manifest = Manifest({n: (tuple(t.shape), t.dtype) for n, t in weights})
