@@ -33,11 +33,23 @@ RUN apt-get update \
 
 WORKDIR /opt/pc-megatron
 COPY constraints.txt pyproject.toml README.md ./
-# torch first: Transformer Engine's extension (33 C++ files, no prebuilt wheel for this torch) is
+# torch first: Transformer Engine's extension (33 C++/CUDA files, no prebuilt wheel for this torch) is
 # built against the torch already installed; ninja compiles them in parallel (without it: one at a
-# time), numpy quiets torch's extension builder
+# time), numpy quiets torch's extension builder. MAX_JOBS bounds ninja's parallel compiles and
+# NVTE_BUILD_THREADS_PER_JOB nvcc's threads in each (unbounded, an ordinary builder runs out of memory:
+# raise them on a large one, `--build-arg MAX_JOBS=16`). CUDNN_PATH points the build at the cuDNN that
+# torch's wheels installed in the venv, so TE links and loads the same one torch does, not the base's.
+ARG MAX_JOBS=4
+ARG NVTE_BUILD_THREADS_PER_JOB=1
 RUN pip install torch==2.13.0 ninja numpy \
-    && pip install --no-build-isolation "transformer-engine[pytorch]==2.20.2"
+    && CUDNN_PATH="$(python -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])')" \
+       MAX_JOBS=${MAX_JOBS} NVTE_BUILD_THREADS_PER_JOB=${NVTE_BUILD_THREADS_PER_JOB} \
+       pip install --no-build-isolation "transformer-engine[pytorch]==2.20.2"
+# the extension itself must load (importing transformer_engine alone succeeds with a broken one); a
+# build has no GPU driver, so libcuda.so.1 comes from the toolkit's stub for this check only
+RUN mkdir -p /tmp/cuda-stub && ln -sf /usr/local/cuda/lib64/stubs/libcuda.so /tmp/cuda-stub/libcuda.so.1 \
+    && LD_LIBRARY_PATH=/tmp/cuda-stub python -c "import transformer_engine_torch, transformer_engine.pytorch" \
+    && rm -rf /tmp/cuda-stub
 COPY pc_megatron ./pc_megatron
 COPY kernels ./kernels
 COPY configs ./configs

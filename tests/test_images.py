@@ -83,3 +83,18 @@ def test_this_environment_is_the_pinned_one():
 def test_build_script_refuses_an_unknown_image_kind():
     res = subprocess.run(["bash", str(ROOT / "docker" / "build.sh"), "tpu"], capture_output=True, text=True)
     assert res.returncode == 2 and "gpu or cpu" in res.stderr
+
+
+def test_the_gpu_image_bounds_the_transformer_engine_build_and_loads_its_extension():
+    """The TE step: ninja's jobs and nvcc's threads bounded (build arguments a large builder raises), the
+    venv's cuDNN (torch's) for TE, and a check that imports the compiled extension itself, not only the
+    package (which imports with a broken one)."""
+    commands = dockerfile.parse_file(str(ROOT / "docker" / "gpu.Dockerfile"))
+    args = dict(c.value[0].split("=", 1) for c in commands if c.cmd == "ARG" and "=" in c.value[0])
+    assert int(args["MAX_JOBS"]) >= 1 and int(args["NVTE_BUILD_THREADS_PER_JOB"]) >= 1
+    runs = [c.value[0] for c in commands if c.cmd == "RUN"]
+    (te,) = [r for r in runs if "transformer-engine[pytorch]" in r]
+    assert "MAX_JOBS=${MAX_JOBS}" in te and "NVTE_BUILD_THREADS_PER_JOB=${NVTE_BUILD_THREADS_PER_JOB}" in te
+    assert "CUDNN_PATH=" in te and "nvidia.cudnn" in te
+    later = runs[runs.index(te) + 1 :]
+    assert any("import transformer_engine_torch, transformer_engine.pytorch" in r for r in later)
