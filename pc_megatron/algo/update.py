@@ -152,19 +152,23 @@ def _pick(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
 
 def pass_metrics(learner, ref_learner, times: PhaseTimes) -> dict[str, float]:
     """What the step's learner passes computed: ``learner/pad_frac`` (share of processed positions
-    that were padding, every pass), ``learner/micro_batches`` (training micro-batches on the busiest
-    data-parallel rank, over the step's optimizer steps) and tokens per second of the ``train`` and
-    ``logprob`` phases (real tokens over the phase's own wall time)."""
+    that were padding, every pass), ``learner/shared_frac`` (share of the rows' tokens not laid out
+    because a row shared its group's prompt: ``learner.share_prompts``), ``learner/micro_batches``
+    (training micro-batches on the busiest data-parallel rank, over the step's optimizer steps) and
+    tokens per second of the ``train`` and ``logprob`` phases (real tokens over the phase's own wall
+    time)."""
     passes = [learner.take_pass_stats(), *([ref_learner.take_pass_stats()] if ref_learner else [])]
-    total = {k: {"real_tokens": 0.0, "processed": 0.0, "micro_batches": 0.0} for k in ("train", "logprob")}
+    total = {k: {"real_tokens": 0.0, "laid": 0.0, "processed": 0.0, "micro_batches": 0.0} for k in ("train", "logprob")}
     for p in passes:
         for kind, stats in p.items():
             for key in total[kind]:
                 total[kind][key] += stats[key]
     processed = total["train"]["processed"] + total["logprob"]["processed"]
     real = total["train"]["real_tokens"] + total["logprob"]["real_tokens"]
+    laid = total["train"]["laid"] + total["logprob"]["laid"]
     out = {
-        "learner/pad_frac": 1.0 - real / processed if processed else 0.0,
+        "learner/pad_frac": 1.0 - laid / processed if processed else 0.0,
+        "learner/shared_frac": 1.0 - laid / real if real else 0.0,
         "learner/micro_batches": total["train"]["micro_batches"],
     }
     for kind in ("train", "logprob"):

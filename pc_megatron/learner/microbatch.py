@@ -61,11 +61,14 @@ class MicroBatchPlan:
     oversize: tuple[int, ...] = ()
 
     def stats(self, lengths: Sequence[int]) -> dict[str, float]:
-        """``real_tokens`` (sum of row lengths), ``processed`` (positions computed, padding included),
-        ``micro_batches`` (on the busiest rank: the pass takes that many steps)."""
+        """``real_tokens`` (sum of row lengths), ``laid`` (the tokens laid out: a shared prompt once),
+        ``processed`` (positions computed, padding included), ``micro_batches`` (on the busiest rank: the
+        pass takes that many steps)."""
         processed = sum(mb.processed for rank in self.ranks for mb in rank)
+        shared = sum(sum(mb.prefix) for rank in self.ranks for mb in rank)
         return {
             "real_tokens": float(sum(lengths)),
+            "laid": float(sum(lengths) - shared),
             "processed": float(processed),
             "micro_batches": float(max((len(r) for r in self.ranks), default=0)),
         }

@@ -430,7 +430,8 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(ragged_model, budge
     assert s1["loss"] == pytest.approx(s0["loss"], rel=1e-5)
     assert max(scaled_error(g1[n], g) for n, g in g0.items()) < 1e-5
     assert p1["train"]["processed"] < 0.8 * p0["train"]["processed"]
-    assert p1["train"]["real_tokens"] == p0["train"]["real_tokens"]
+    assert p1["train"]["real_tokens"] == p0["train"]["real_tokens"] == p0["train"]["laid"]
+    assert p1["train"]["laid"] == p1["train"]["processed"]  # shared, not padded (budget 64 and 24: align 1)
 
 
 def test_shared_prompts_that_differ_by_one_token_are_not_shared(ragged_model):
