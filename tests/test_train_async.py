@@ -189,3 +189,21 @@ def test_the_asynchronous_loop_on_a_gpu(cache_dir, tmp_path):
     assert all(s <= 1 for s in staleness) and 1 in staleness, staleness
     assert all(r["engine_weight_version"] == r["policy_version"] for r in rows)
     assert all(0 < r["correction/ess"] <= 1 and r["logprob_mismatch_max"] < 1e-2 for r in rows)
+
+
+@pytest.mark.gpu
+def test_inflight_keep_with_vllm_on_one_gpu(cache_dir, tmp_path):
+    """η = 1 with vLLM's CUDA engine kept generating across weight updates (rollout.inflight=keep, runtime=local,
+    one GPU shared with the bf16 learner: the engine's share at 0.3): each update lands mid-window, the
+    tokens after it carry the new version, staleness stays within the bound, and the engine serves each
+    sync. The prefix cache is off under keep (a block cached before an update holds the old weights)."""
+    pytest.importorskip("vllm")
+    over = ["rollout.backend=vllm", "rollout.inflight=keep", "rollout.max_staleness=1", "learner.bf16=true",
+            "rollout.vllm.gpu_memory_utilization=0.3", "steps=4", "eval.every_steps=4"]  # fmt: skip
+    cfg = load_config("tiny", [*POOL, *over])
+    train(cfg, tmp_path / "keep")
+    rows = read_metrics(tmp_path / "keep")[1:]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["rollout/staleness_max"] <= 1 for r in rows)
+    assert all(r["engine_weight_version"] == r["policy_version"] for r in rows)
+    assert all(r["logprob_mismatch_max"] < 0.1 for r in rows)  # bf16 on both sides

@@ -205,6 +205,24 @@ def test_colocated_vllm_on_two_gpus_takes_each_sync_by_cuda_ipc_on_its_own_gpu(c
         assert r["logprob_mismatch_max"] < 0.1, (r["step"], r["logprob_mismatch_max"])  # bf16; a lost shard: O(1)
 
 
+@pytest.mark.gpu
+def test_ray_with_vllm_colocated_on_one_gpu(cache_dir, tmp_path):
+    """runtime=ray on one GPU: the learner rank and the vLLM engine share it (fractional bundle), the engine
+    sleeps while the learner trains and takes each sync by CUDA IPC on that GPU; the engine serves the
+    learner's version with bf16-close log-probs."""
+    pytest.importorskip("vllm")
+    gpu = ["rollout.backend=vllm", "learner.bf16=true", "rollout.vllm.gpu_memory_utilization=0.3"]
+    cfg = load_config("tiny", [*SMALL, *MOVING, *gpu, "steps=3", "runtime=ray"])
+    train(cfg, tmp_path / "run")
+    placement = json.loads((tmp_path / "run" / "placement.json").read_text())
+    routes = placement["weight_sync_routes"]
+    assert [r["transport"] for r in routes] == ["cuda_ipc"] and routes[0]["gpu"] == placement["learner_gpus"][0]
+    rows = read_metrics(tmp_path / "run")
+    for r in rows[1:]:
+        assert r["engine_weight_version"] == r["policy_version"], r["step"]
+        assert r["logprob_mismatch_max"] < 0.1, (r["step"], r["logprob_mismatch_max"])
+
+
 BROADCAST = ["ray.placement=split", "rollout.weight_sync.transport=broadcast", "rollout.replicas=2"]
 
 
