@@ -157,6 +157,11 @@ def resolved_header(given: Any, resolved: Resolved) -> str:
         parts.append(f"threads=auto -> {resolved.threads.learner}")
     if given.rollout.threads == "auto":
         parts.append(f"rollout.threads=auto -> {resolved.threads.engine}")
+    if not given.learner.distributed_timeout_s:
+        parts.append(f"learner.distributed_timeout_s=0 -> {given.rollout.timeout_s + 600:g}")
+    if given.rollout.backend == "vllm" and not given.rollout.vllm.gpu_memory_utilization:
+        own = given.runtime == "ray" and given.ray.placement == "split"
+        parts.append(f"rollout.vllm.gpu_memory_utilization=0 -> {given.rollout.vllm.memory_share(own):g}")
     if not parts:
         return ""
     return "# resolved when the run started, on this machine: " + "; ".join(parts) + "\n"

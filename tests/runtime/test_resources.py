@@ -68,11 +68,17 @@ def test_resolving_a_concrete_config_changes_nothing(monkeypatch):
     from pc_megatron.learner import precision
 
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: [])
-    cfg = load_config("tiny", ["threads=2", "rollout.threads=2", "learner.bf16=false"])
+    concrete = ["learner.distributed_timeout_s=2400", "rollout.vllm.gpu_memory_utilization=0.5"]
+    cfg = load_config("tiny", ["threads=2", "rollout.threads=2", "learner.bf16=false", *concrete])
     assert resolve_run(cfg, cores=FOUR)[0] == cfg
     auto = load_config("tiny", ["learner.bf16=auto"])
     resolved, why = resolve_run(auto, cores=FOUR)
     assert (resolved.learner.bf16, resolved.threads, resolved.rollout.threads) == (False, 4, 4)
+    # the collective deadline above the engines' (rollout.timeout_s + 600), the engine's share by placement
+    assert resolved.learner.distributed_timeout_s == auto.rollout.timeout_s + 600
+    assert resolved.rollout.vllm.gpu_memory_utilization == 0.5
+    split = load_config("tiny", ["runtime=ray", "ray.placement=split"])
+    assert resolve_run(split, cores=FOUR)[0].rollout.vllm.gpu_memory_utilization == 0.9
     assert "fp32" in why.lines()[0]
 
 
