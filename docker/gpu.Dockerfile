@@ -8,8 +8,9 @@
 # resolves as pinned for its Python 3.12 / manylinux x86_64 (`bash tools/update_pins.sh --check`, a
 # pip dry run for this platform; it found torch's CUDA libraries pinned too new, since fixed).
 # On an Ubuntu 24.04 stand-in without CUDA it builds through `pip install torch` (the pinned CUDA
-# libraries install); Transformer Engine's torch extension, compiled against the base's CUDA
-# headers, has not been built (the stand-in lacks them; docs/LOG.md).
+# libraries install). Transformer Engine's torch extension was built with these settings on a stand-in
+# for the base (Python 3.12, the CUDA compiler and headers from the pinned NVIDIA wheels) and its import
+# passed (docs/LOG.md, "GPU paths, round four"); the real base's headers have not been used.
 # Build: docker/build.sh gpu
 ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
 FROM ${BASE_IMAGE}
@@ -33,23 +34,26 @@ RUN apt-get update \
 
 WORKDIR /opt/pc-megatron
 COPY constraints.txt pyproject.toml README.md ./
-# torch first: Transformer Engine's extension (33 C++/CUDA files, no prebuilt wheel for this torch) is
-# built against the torch already installed; ninja compiles them in parallel (without it: one at a
-# time), numpy quiets torch's extension builder. MAX_JOBS bounds ninja's parallel compiles and
-# NVTE_BUILD_THREADS_PER_JOB nvcc's threads in each (unbounded, an ordinary builder runs out of memory:
-# raise them on a large one, `--build-arg MAX_JOBS=16`). CUDNN_PATH points the build at the cuDNN that
-# torch's wheels installed in the venv, so TE links and loads the same one torch does, not the base's.
-ARG MAX_JOBS=4
-ARG NVTE_BUILD_THREADS_PER_JOB=1
+# torch first: Transformer Engine's torch extension (33 C++ files compiled by g++, no CUDA sources, no
+# prebuilt wheel for this torch) is built against the torch already installed; ninja compiles them in
+# parallel (without it: one at a time), numpy quiets torch's extension builder. Each compile peaks at
+# ~2.9 GB and the whole extension is ~15 CPU-minutes (measured on a stand-in, docs/LOG.md): MAX_JOBS
+# bounds the parallel compiles (raise it on a large builder, `--build-arg MAX_JOBS=8`).
+# NVTE_PYTORCH_FORCE_BUILD skips setup.py's probe for a prebuilt wheel on the project's release page.
+# cuDNN and NCCL: the build includes <cudnn.h> and <nccl.h> from the venv's wheels (CPATH, ahead of the
+# base's /usr/include), and at import TE looks for cuDNN under CUDNN_PATH before the system's
+# libcudnn.so: set for good, so torch and TE load the venv's one cuDNN, not the base's beside it.
+ARG MAX_JOBS=2
+ENV CUDNN_PATH=/opt/venv/lib/python3.12/site-packages/nvidia/cudnn
 RUN pip install torch==2.13.0 ninja numpy \
-    && CUDNN_PATH="$(python -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])')" \
-       MAX_JOBS=${MAX_JOBS} NVTE_BUILD_THREADS_PER_JOB=${NVTE_BUILD_THREADS_PER_JOB} \
-       pip install --no-build-isolation "transformer-engine[pytorch]==2.20.2"
-# the extension itself must load (importing transformer_engine alone succeeds with a broken one); a
-# build has no GPU driver, so libcuda.so.1 comes from the toolkit's stub for this check only
-RUN mkdir -p /tmp/cuda-stub && ln -sf /usr/local/cuda/lib64/stubs/libcuda.so /tmp/cuda-stub/libcuda.so.1 \
-    && LD_LIBRARY_PATH=/tmp/cuda-stub python -c "import transformer_engine_torch, transformer_engine.pytorch" \
-    && rm -rf /tmp/cuda-stub
+    && CPATH="${CUDNN_PATH}/include:/opt/venv/lib/python3.12/site-packages/nvidia/nccl/include" \
+       MAX_JOBS=${MAX_JOBS} NVTE_PYTORCH_FORCE_BUILD=TRUE \
+       pip install --no-build-isolation "transformer-engine[pytorch]==2.20.2" \
+    && test -d "${CUDNN_PATH}/lib"
+# the compiled extension itself must load (importing transformer_engine alone succeeds with a broken one);
+# torch first, so that cuDNN and NCCL resolve to the venv's (the extension registers under
+# transformer_engine, so it is imported after it); no GPU driver is needed for the import
+RUN python -c "import torch, transformer_engine.pytorch, transformer_engine_torch"
 COPY pc_megatron ./pc_megatron
 COPY kernels ./kernels
 COPY configs ./configs
