@@ -183,27 +183,10 @@ def shared_prefix_units(prefixes: Sequence[tuple[int, ...]]) -> list[tuple[tuple
     ``i`` that no loss trains and whose hidden states depend on nothing after them (the prompt up to
     the position that predicts the first trained token; empty for a row that shares nothing). Rows
     with equal prefixes form one unit, in first-seen order; a row alone is ``((i,), 0)``."""
-    units: dict[tuple[int, ...], list[int]] = {}
-    alone: list[tuple[tuple[int, ...], int]] = []
-    order: list[tuple[int, ...] | int] = []
+    units: dict[tuple[int, ...] | int, list[int]] = {}  # a prefix, or the index of a row that shares none
     for i, prefix in enumerate(prefixes):
-        if not prefix:
-            alone.append(((i,), 0))
-            order.append(i)
-            continue
-        if prefix not in units:
-            units[prefix] = []
-            order.append(prefix)
-        units[prefix].append(i)
-    single = {rows[0]: (rows, p) for rows, p in alone}
-    out = []
-    for key in order:
-        if isinstance(key, int):
-            out.append(single[key])
-        else:
-            rows = tuple(units[key])
-            out.append((rows, len(key) if len(rows) > 1 else 0))
-    return out
+        units.setdefault(prefix or i, []).append(i)
+    return [(tuple(rows), len(key) if isinstance(key, tuple) and len(rows) > 1 else 0) for key, rows in units.items()]
 
 
 def plan_shared_prefix(
