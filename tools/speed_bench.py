@@ -11,10 +11,18 @@ recipes of that git revision (a worktree in ``OUT/src/REV``), so a recipe "as sh
 runs; the overrides after ``--`` go to every variant (same B x n, token limits, held-out set). The
 cache (model conversion, warm-start) is shared. ``--rounds R`` repeats the variants in turn (ABAB).
 
+Equal updates, accuracy too: ``--steps 0`` runs each recipe for its own number of steps with its own
+held-out evaluations, and ``--seeds 0 1 2`` runs every variant once per seed (``seed=S``; in turn, seed
+by seed), so a variant's held-out accuracy at each evaluation is compared with the first variant's,
+paired by seed (mean difference and its 95% t-interval over the seeds):
+
+    python tools/speed_bench.py --out runs/equal --steps 0 --seeds 0 1 2 \\
+        --variant shipped@d94a7eb:smollm2-arith --variant now:smollm2-arith
+
 Per variant: the median wall time of an update (every step but the first, whose figures carry
 start-up), its phases, the generated and trained tokens per second of step time (tokens, so that
-shorter answers do not pass for speed) and the mean answer length. Writes ``OUT/speed_bench.json`` and
-``OUT/speed_bench.md``.
+shorter answers do not pass for speed) and the mean answer length; with evaluations, held-out strict
+accuracy and accuracy among boxed answers at each. Writes ``OUT/speed_bench.json`` and ``OUT/speed_bench.md``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pc_megatron.run.logs import read_metrics  # noqa: E402
+from pc_megatron.stats import format_interval, interval  # noqa: E402
 
 PHASES = ("rollout", "reward", "logprob", "train", "optimizer", "sync")
 
@@ -53,17 +62,22 @@ def source_dir(out: Path, rev: str | None) -> Path:
     return where
 
 
-def run(out: Path, variant: str, rnd: int, steps: int, common: list[str]) -> Path:
+def run(out: Path, variant: str, rnd: int | str, steps: int, common: list[str]) -> Path:
+    """One variant's run in ``OUT/round<rnd>/<name>`` (``rnd`` ``"seed<S>"``: ``OUT/seed<S>/<name>``, run
+    with ``seed=S``); a run with its ``summary.json`` is not run again. ``steps`` 0: the recipe's own."""
     name, rev, recipe, overrides = parse_variant(variant)
-    run_dir = out / f"round{rnd}" / name
+    where = rnd if isinstance(rnd, str) else f"round{rnd}"
+    run_dir = out / where / name
     if (run_dir / "summary.json").is_file():
         return run_dir
     src = source_dir(out, rev)
     env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, "-m", "pc_megatron.cli", "train", recipe, *overrides, *common, f"steps={steps}"]
+    cmd = [sys.executable, "-m", "pc_megatron.cli", "train", recipe, *overrides, *common]
+    cmd += [f"steps={steps}"] if steps else []
+    cmd += [f"seed={where[4:]}"] if where.startswith("seed") else []
     cmd += ["progress=false", f"out_dir={run_dir.parent}", f"name={run_dir.name}"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[{name} round {rnd}] {' '.join(cmd[3:])}  (code: {src})", flush=True)
+    print(f"[{name} {where}] {' '.join(cmd[3:])}  (code: {src})", flush=True)
     with open(run_dir.parent / f"{name}.log", "w") as log:
         subprocess.run(cmd, env=env, cwd=src, stdout=log, stderr=subprocess.STDOUT, check=True)
     return run_dir
@@ -88,10 +102,55 @@ def figures(run_dirs: list[Path]) -> dict:
     }
 
 
-def report(out: Path, variants: list[str], results: dict, common: list[str]) -> str:
+def heldout(run_dir: Path) -> dict[int, dict[str, float]]:
+    """A run's held-out evaluations: step -> strict accuracy, boxed share, accuracy among boxed answers."""
+    out = {}
+    for r in read_metrics(run_dir):
+        if "eval_accuracy" in r:
+            acc, boxed = r["eval_accuracy"], r.get("eval_boxed_frac")
+            among = acc / boxed if boxed else None
+            out[r["step"]] = {"strict": acc, "boxed": boxed, "among_boxed": among}
+    return out
+
+
+def heldout_report(variants: list[str], evals: dict[str, dict[str, dict]]) -> list[str]:
+    """Per evaluation step: each variant's held-out figures (mean over seeds) and, against the first
+    variant, the difference paired by seed with its 95% t-interval (points)."""
+    names = [parse_variant(v)[0] for v in variants]
+    base = evals[names[0]]
+    runs = sorted(set.intersection(*(set(evals[n]) for n in names)))
+    steps = sorted(set.intersection(*(set(evals[n][r]) for n in names for r in runs))) if runs else []
+    if not steps:
+        return []
+    lines = [
+        "",
+        f"Held-out accuracy at equal updates ({len(runs)} run(s) a variant: {', '.join(runs)}; points against "
+        f"`{names[0]}`, paired by run, mean and 95% t-interval):",
+        "",
+        "| step | variant | strict accuracy | vs first | boxed | accuracy among boxed | vs first |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for step in steps:
+        for name in names:
+            figs = [evals[name][r][step] for r in runs]
+            cells = []
+            for key in ("strict", "boxed", "among_boxed"):
+                cells.append(format_interval(interval([f[key] for f in figs if f[key] is not None]), ".3f"))
+                if key != "boxed":
+                    diff = [
+                        100 * (f[key] - base[r][step][key])
+                        for f, r in zip(figs, runs, strict=True)
+                        if f[key] is not None and base[r][step][key] is not None
+                    ]
+                    cells.append("" if name == names[0] else format_interval(interval(diff), "+.1f"))
+            lines.append(f"| {step} | `{name}` | " + " | ".join(cells) + " |")
+    return lines
+
+
+def report(out: Path, variants: list[str], results: dict, common: list[str], evals: dict | None = None) -> str:
     base = results[parse_variant(variants[0])[0]]
     lines = [
-        f"Overrides for every variant: `{' '.join(common)}`",
+        f"Overrides for every variant: {' '.join(f'`{c}`' for c in common) or 'none'}",
         "",
         "| variant | updates | median update (min-max) | vs first | tokens/s (gen + trained) | vs first | "
         "answer length | " + " | ".join(PHASES) + " | max log-prob mismatch |",
@@ -108,6 +167,7 @@ def report(out: Path, variants: list[str], results: dict, common: list[str]) -> 
             + " | ".join(f"{f['phases_s'][p]:.1f}" for p in PHASES)
             + f" | {f['logprob_mismatch_max']:.3g} |"
         )
+    lines += heldout_report(variants, evals or {})
     return "\n".join(lines) + "\n"
 
 
@@ -115,18 +175,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--variant", action="append", required=True, help="NAME[@REV]:RECIPE[,key=value,...]")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=6, help="updates a run (0: the recipe's own, with its evaluations)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--seeds", type=int, nargs="+", help="one round a seed (seed=S), instead of --rounds")
     ap.add_argument("common", nargs="*", help="overrides for every variant (after --)")
     args = ap.parse_args()
     args.out = args.out.resolve()  # the runs start in their own checkout
+    if args.seeds and args.rounds != 1:
+        ap.error("--seeds runs one round a seed: leave --rounds out")
+    rounds = [f"seed{s}" for s in args.seeds] if args.seeds else list(range(args.rounds))
     dirs: dict[str, list[Path]] = {}
-    for rnd in range(args.rounds):
+    for rnd in rounds:
         for variant in args.variant:
             dirs.setdefault(parse_variant(variant)[0], []).append(run(args.out, variant, rnd, args.steps, args.common))
     results = {name: figures(d) for name, d in dirs.items()}
-    (args.out / "speed_bench.json").write_text(json.dumps(results, indent=2))
-    text = report(args.out, args.variant, results, args.common)
+    evals = {name: {d.parent.name: heldout(d) for d in ds} for name, ds in dirs.items()}
+    (args.out / "speed_bench.json").write_text(json.dumps({**results, "heldout": evals}, indent=2))
+    text = report(args.out, args.variant, results, args.common, evals)
     (args.out / "speed_bench.md").write_text(text)
     print(text)
     return 0
