@@ -62,11 +62,10 @@ def source_dir(out: Path, rev: str | None) -> Path:
     return where
 
 
-def run(out: Path, variant: str, rnd: int | str, steps: int, common: list[str]) -> Path:
-    """One variant's run in ``OUT/round<rnd>/<name>`` (``rnd`` ``"seed<S>"``: ``OUT/seed<S>/<name>``, run
-    with ``seed=S``); a run with its ``summary.json`` is not run again. ``steps`` 0: the recipe's own."""
+def run(out: Path, variant: str, where: str, seed: int | None, steps: int, common: list[str]) -> Path:
+    """One variant's run in ``OUT/<where>/<name>`` (with ``seed=S`` unless ``seed`` is None); a run with its
+    ``summary.json`` is not run again. ``steps`` 0: the recipe's own."""
     name, rev, recipe, overrides = parse_variant(variant)
-    where = rnd if isinstance(rnd, str) else f"round{rnd}"
     run_dir = out / where / name
     if (run_dir / "summary.json").is_file():
         return run_dir
@@ -74,7 +73,7 @@ def run(out: Path, variant: str, rnd: int | str, steps: int, common: list[str]) 
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, "-m", "pc_megatron.cli", "train", recipe, *overrides, *common]
     cmd += [f"steps={steps}"] if steps else []
-    cmd += [f"seed={where[4:]}"] if where.startswith("seed") else []
+    cmd += [f"seed={seed}"] if seed is not None else []
     cmd += ["progress=false", f"out_dir={run_dir.parent}", f"name={run_dir.name}"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     print(f"[{name} {where}] {' '.join(cmd[3:])}  (code: {src})", flush=True)
@@ -183,11 +182,12 @@ def main() -> int:
     args.out = args.out.resolve()  # the runs start in their own checkout
     if args.seeds and args.rounds != 1:
         ap.error("--seeds runs one round a seed: leave --rounds out")
-    rounds = [f"seed{s}" for s in args.seeds] if args.seeds else list(range(args.rounds))
+    rounds = [(f"seed{s}", s) for s in args.seeds] if args.seeds else [(f"round{r}", None) for r in range(args.rounds)]
     dirs: dict[str, list[Path]] = {}
-    for rnd in rounds:
+    for where, seed in rounds:
         for variant in args.variant:
-            dirs.setdefault(parse_variant(variant)[0], []).append(run(args.out, variant, rnd, args.steps, args.common))
+            run_dir = run(args.out, variant, where, seed, args.steps, args.common)
+            dirs.setdefault(parse_variant(variant)[0], []).append(run_dir)
     results = {name: figures(d) for name, d in dirs.items()}
     evals = {name: {d.parent.name: heldout(d) for d in ds} for name, ds in dirs.items()}
     (args.out / "speed_bench.json").write_text(json.dumps({**results, "heldout": evals}, indent=2))
