@@ -223,27 +223,27 @@ class _RemoteEngine:
     def _get(self, ref: Any) -> Any:
         return ray_get([ref], [f"engine replica {self.index}"], self.timeout_s)[0]
 
-    def begin_sync(self) -> None:
-        self._get(self.handle.begin_sync.remote())
-
-    def load_bucket(self, handle: dict) -> int:
-        return self.finish_load(self.start_load(handle))
-
-    def start_load(self, handle: dict) -> Any:
-        return self.handle.load_bucket.remote(handle)
-
-    def finish_load(self, pending: Any) -> int:
-        return self._get(pending)
-
-    def end_sync(self, version: int, sent: int) -> int | None:
-        return self._get(self.handle.end_sync.remote(version, sent))
-
     def start(self, method: str, *args) -> Any:
-        """A call started on the replica's actor, waited for by ``finish`` (``routed.call_all``)."""
+        """A call started on the replica's actor, waited for by ``finish`` (``routed.call_each``)."""
         return getattr(self.handle, method).remote(*args)
 
     def finish(self, pending: Any) -> Any:
         return self._get(pending)
+
+    def begin_sync(self) -> None:
+        self.finish(self.start("begin_sync"))
+
+    def load_bucket(self, handle: dict) -> int:
+        return self.finish(self.start("load_bucket", handle))
+
+    def start_load(self, handle: dict) -> Any:  # a collective sender's target (transport.push_weights)
+        return self.start("load_bucket", handle)
+
+    def finish_load(self, pending: Any) -> int:
+        return self.finish(pending)
+
+    def end_sync(self, version: int, sent: int) -> int | None:
+        return self.finish(self.start("end_sync", version, sent))
 
 
 def ray_get(refs: list, names: list[str], timeout_s: float) -> list:

@@ -7,9 +7,9 @@ cut the same buckets. Per bucket:
 1. every sending rank packs the bucket into its own reusable buffer (per transport);
 2. the handles are gathered to rank 0 (a collective: rank 0 goes on once every rank has packed);
 3. rank 0 loads the bucket into every engine replica at once (all loads started, then all waited
-   for), each worker opening its own sender's handle (``{"kind": "routed", "workers": [...]}``); the
-   receivers copy out and synchronise before they answer (the sync's start and end reach the replicas
-   at once too: ``call_all``);
+   for: ``call_each``), each worker opening its own sender's handle (``{"kind": "routed", "workers":
+   [...]}``); the receivers copy out and synchronise before they answer (the sync's start and end
+   reach the replicas at once too);
 4. a barrier: no rank refills its buffer before every engine has copied out of it.
 
 A failure on any rank (a pack, a load) is carried through the next gather, every rank keeps walking
@@ -59,27 +59,14 @@ def routed_handle(handles: list[dict]) -> dict:
     return handles[0] if len(handles) == 1 else {"kind": "routed", "workers": handles}
 
 
-def load_all(loads: list[tuple[SyncTarget, dict]]) -> None:
-    """Each target's bucket: every load started before any is waited for, so that the replicas copy
-    at once (targets in other processes, ``start_load``/``finish_load``) instead of one after another
-    while the other learner ranks wait; a target in this process loads when its turn comes."""
-    started = []
-    for target, handle in loads:
-        if hasattr(target, "start_load"):
-            started.append((target, target.start_load(handle)))
-        else:
-            target.load_bucket(handle)
-    for target, pending in started:
-        target.finish_load(pending)
-
-
-def call_all(targets: list[SyncTarget], method: str, *args) -> list:
-    """``method(*args)`` on every target, at once where a target lives in another process (``start`` /
-    ``finish``: all started before any is waited for); each target's answer in order. Every call is
-    waited for before the first failure is raised, so no engine is left inside one."""
-    started = [(t, t.start(method, *args)) if hasattr(t, "start") else (t, None) for t in targets]
+def call_each(calls: list[tuple[SyncTarget, str, tuple]]) -> list:
+    """``target.method(*args)`` for each call, at once where a target lives in another process (``start``
+    / ``finish``: all started before any is waited for); each call's answer in order. A target in this
+    process answers when its turn comes. Every call is waited for before the first failure is raised,
+    so no engine is left inside one."""
+    started = [(t, m, a, t.start(m, *a) if hasattr(t, "start") else None) for t, m, a in calls]
     answers, first = [], None
-    for target, pending in started:
+    for target, method, args, pending in started:
         try:
             answers.append(target.finish(pending) if hasattr(target, "start") else getattr(target, method)(*args))
         except Exception as e:
@@ -88,6 +75,11 @@ def call_all(targets: list[SyncTarget], method: str, *args) -> list:
     if first is not None:
         raise first
     return answers
+
+
+def call_all(targets: list[SyncTarget], method: str, *args) -> list:
+    """``method(*args)`` on every target at once (``call_each``)."""
+    return call_each([(t, method, args) for t in targets])
 
 
 def push_routed(
@@ -128,7 +120,8 @@ def push_routed(
                 else:
                     per_worker = {wid: h for part in gathered for wid, h in part.items()}
                     try:
-                        load_all([(t, routed_handle([per_worker[w] for w in wids])) for t, wids in targets])
+                        loads = [(t, routed_handle([per_worker[w] for w in wids])) for t, wids in targets]
+                        call_each([(t, "load_bucket", (h,)) for t, h in loads])
                     except Exception as e:
                         mine = mine or e
                         failed = f"{type(e).__name__}: {e}"

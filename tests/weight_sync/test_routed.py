@@ -3,6 +3,7 @@ starts before any is waited for. (End to end through Ray: tests/runtime/test_ray
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pc_megatron.weight_sync.manifest import Manifest
@@ -22,29 +23,29 @@ class OneRank:
 
 
 class Replica:
-    """An engine replica in another process, as rank 0 sees it: a load is started, then waited for."""
+    """An engine replica: a sync in three calls, each answered in turn."""
 
-    def __init__(self, name, events):
+    def __init__(self, name, events, fail_load=False):
         self.name, self.events, self.received, self.receiver = name, events, {}, BucketReceiver("cpu")
+        self.fail_load, self.ended = fail_load, None
 
     def begin_sync(self):
         self.events.append(("begin", self.name))
 
-    def start_load(self, handle):
-        self.events.append(("start", self.name))
-        return handle
-
-    def finish_load(self, handle):
-        self.events.append(("finish", self.name))
+    def load_bucket(self, handle):
+        if self.fail_load:
+            raise RuntimeError(f"replica {self.name} lost its worker")
         self.received.update({n: t.clone() for n, t in self.receiver.open(handle)})
         return len(self.received)
 
     def end_sync(self, version, sent):
-        return version
+        self.ended = version
+        return version if version >= 0 else None
 
 
 class RemoteReplica(Replica):
-    """A replica whose every call is started, then waited for (as ``ray_actors._RemoteEngine``)."""
+    """A replica in another process, as rank 0 sees it (as ``ray_actors._RemoteEngine``): every call is
+    started, then waited for."""
 
     def start(self, method, *args):
         self.events.append((f"start {method}", self.name))
@@ -56,39 +57,62 @@ class RemoteReplica(Replica):
         return getattr(self, method)(*args)
 
 
+def _push(weights, replicas, tensors_a_bucket):
+    manifest = Manifest({n: (tuple(t.shape), t.dtype) for n, t in weights})
+    t = weights[0][1]
+    sender = make_sender("shm", t.numel() * t.element_size() * tensors_a_bucket)
+    try:
+        return push_routed(weights, manifest, sender.bucket_bytes, {"shm": sender}, {k: "shm" for k in range(len(replicas))},
+                           [(r, [k]) for k, r in enumerate(replicas)], 7, OneRank())  # fmt: skip
+    finally:
+        sender.close()
+
+
 def test_the_sync_starts_and_ends_on_every_replica_at_once():
     """The sync's start and end reach every replica before any is waited for (a slow replica's begin or
     end does not hold up the others'); the end carries the version, which each replica answers."""
     weights = [(f"w{i}", torch.full((8, 8), float(i))) for i in range(2)]
-    manifest = Manifest({n: (tuple(t.shape), t.dtype) for n, t in weights})
     events = []
     replicas = [RemoteReplica(k, events) for k in range(3)]
-    sender = make_sender("shm", 8 * 8 * 4 * 2)
-    try:
-        push_routed(weights, manifest, sender.bucket_bytes, {"shm": sender}, {0: "shm", 1: "shm", 2: "shm"},
-                    [(r, [k]) for k, r in enumerate(replicas)], 7, OneRank())  # fmt: skip
-    finally:
-        sender.close()
+    _push(weights, replicas, 2)
     calls = [kind for kind, _ in events if kind.endswith("_sync")]
     assert calls[:6] == ["start begin_sync"] * 3 + ["finish begin_sync"] * 3
     assert calls[-6:] == ["start end_sync"] * 3 + ["finish end_sync"] * 3
+    assert [r.ended for r in replicas] == [7, 7, 7]
 
 
 def test_every_replica_starts_loading_a_bucket_before_any_is_waited_for():
     weights = [(f"w{i}", torch.full((64, 64), float(i))) for i in range(6)]
-    manifest = Manifest({n: (tuple(t.shape), t.dtype) for n, t in weights})
     events = []
-    replicas = [Replica(k, events) for k in range(3)]
-    sender = make_sender("shm", 64 * 64 * 4 * 2)  # two tensors a bucket: three buckets
-    try:
-        stats = push_routed(weights, manifest, sender.bucket_bytes, {"shm": sender}, {0: "shm", 1: "shm", 2: "shm"},
-                            [(r, [k]) for k, r in enumerate(replicas)], 7, OneRank())  # fmt: skip
-    finally:
-        sender.close()
-    loads = [e for e in events if e[0] in ("start", "finish")]
+    replicas = [RemoteReplica(k, events) for k in range(3)]
+    stats = _push(weights, replicas, 2)  # two tensors a bucket: three buckets
+    loads = [kind for kind, _ in events if kind.endswith("load_bucket")]
+    assert len(loads) == 18
     for b in range(3):  # per bucket: the three starts, then the three waits
-        assert [kind for kind, _ in loads[6 * b : 6 * b + 6]] == ["start"] * 3 + ["finish"] * 3
+        assert loads[6 * b : 6 * b + 6] == ["start load_bucket"] * 3 + ["finish load_bucket"] * 3
     assert all(torch.equal(r.received[n], t) for r in replicas for n, t in weights) and stats["weight_sync_bytes"] > 0
+
+
+def test_a_replica_in_this_process_loads_in_turn():
+    weights = [(f"w{i}", torch.full((8, 8), float(i))) for i in range(4)]
+    replicas = [Replica(k, []) for k in range(2)]
+    _push(weights, replicas, 2)
+    assert all(torch.equal(r.received[n], t) for r in replicas for n, t in weights)
+    assert [r.ended for r in replicas] == [7, 7]
+
+
+def test_a_failed_load_waits_for_the_other_replicas_and_closes_the_sync_on_every_one():
+    """Replica 0's load fails: the loads of replicas 1 and 2, already started, are still waited for (no
+    engine is left inside one), no further bucket is sent, every replica is closed with version -1 (none
+    serves a partial model), and the error that reaches the caller is replica 0's."""
+    weights = [(f"w{i}", torch.full((8, 8), float(i))) for i in range(4)]
+    events = []
+    replicas = [RemoteReplica(0, events, fail_load=True), RemoteReplica(1, events), RemoteReplica(2, events)]
+    with pytest.raises(RuntimeError, match="replica 0 lost its worker"):
+        _push(weights, replicas, 2)
+    loads = [(kind, name) for kind, name in events if kind.endswith("load_bucket")]
+    assert loads == [("start load_bucket", k) for k in range(3)] + [("finish load_bucket", k) for k in range(3)]
+    assert [r.ended for r in replicas] == [-1, -1, -1]
 
 
 def _slow_engine_sync(out, timeout_s: float) -> dict[int, str]:

@@ -31,10 +31,13 @@ class SlowReplica:
     def begin_sync(self):
         return None
 
-    def start_load(self, handle):
-        return handle
+    def start(self, method, *args):  # an engine in another process: a call is started, then waited for
+        return method, args
 
-    def finish_load(self, handle):
+    def finish(self, pending):
+        method, args = pending
+        if method != "load_bucket":
+            return getattr(self, method)(*args)
         time.sleep(SLOW_S)
         raise TrainingError(f"engine replica 0 (node n0) did not answer within {SLOW_S - 1:g} s (a hung call)")
 
