@@ -62,8 +62,9 @@ def _push(weights, replicas, tensors_a_bucket):
     t = weights[0][1]
     sender = make_sender("shm", t.numel() * t.element_size() * tensors_a_bucket)
     try:
-        return push_routed(weights, manifest, sender.bucket_bytes, {"shm": sender}, {k: "shm" for k in range(len(replicas))},
-                           [(r, [k]) for k, r in enumerate(replicas)], 7, OneRank())  # fmt: skip
+        routes = {k: "shm" for k in range(len(replicas))}
+        targets = [(r, [k]) for k, r in enumerate(replicas)]
+        return push_routed(weights, manifest, sender.bucket_bytes, {"shm": sender}, routes, targets, 7, OneRank())
     finally:
         sender.close()
 
